@@ -1,0 +1,223 @@
+// The onnxruntime custom-op library: RegisterCustomOps is the one place that lists kernels.
+//
+// Load it with SessionOptions.register_custom_ops_library(path) (Python),
+// Ort::SessionOptions::RegisterCustomOpsLibrary (C++) or OrtApi::RegisterCustomOpsLibrary_V2
+// (C); redpp_onnx.get_library_path() gives the path. The library needs onnxruntime >= 1.29
+// (C API version 29) and links to neither onnxruntime nor Python.
+//
+// Errors never cross the C ABI as exceptions: the kernel uses the status-returning
+// CreateKernelV2 / KernelComputeV2 entry points and turns every failure into an OrtStatus.
+#include <atomic>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#define ORT_API_MANUAL_INIT
+#include "onnxruntime_cxx_api.h"
+#undef ORT_API_MANUAL_INIT
+
+#include "split_conv.h"
+#include "split_conv_contract.h"
+
+namespace redpp {
+namespace {
+
+namespace k = contract;
+
+// Optional attributes, read through the C API so that "absent" is not an exception.
+bool TryGetInts(const OrtApi& api, const OrtKernelInfo* info, const char* name, std::vector<int64_t>* out) {
+  size_t size = 0;
+  if (OrtStatus* st = api.KernelInfoGetAttributeArray_int64(info, name, nullptr, &size)) {
+    api.ReleaseStatus(st);
+    return false;
+  }
+  out->assign(size, 0);
+  if (size == 0) return true;
+  if (OrtStatus* st = api.KernelInfoGetAttributeArray_int64(info, name, out->data(), &size)) {
+    api.ReleaseStatus(st);
+    return false;
+  }
+  return true;
+}
+
+bool TryGetFloat(const OrtApi& api, const OrtKernelInfo* info, const char* name, float* out) {
+  if (OrtStatus* st = api.KernelInfoGetAttribute_float(info, name, out)) {
+    api.ReleaseStatus(st);
+    return false;
+  }
+  return true;
+}
+
+bool TryGetString(const OrtApi& api, const OrtKernelInfo* info, const char* name, std::string* out) {
+  size_t size = 0;
+  if (OrtStatus* st = api.KernelInfoGetAttribute_string(info, name, nullptr, &size)) {
+    api.ReleaseStatus(st);
+    return false;
+  }
+  std::string s(size, '\0');  // size includes the terminating NUL
+  if (OrtStatus* st = api.KernelInfoGetAttribute_string(info, name, s.data(), &size)) {
+    api.ReleaseStatus(st);
+    return false;
+  }
+  s.resize(size > 0 ? size - 1 : 0);
+  *out = s;
+  return true;
+}
+
+template <typename T>
+TensorView<T> ViewOf(const Ort::ConstValue& v) {
+  TensorView<T> t;
+  auto info = v.GetTensorTypeAndShapeInfo();
+  t.shape = info.GetShape();
+  t.data = v.GetTensorData<T>();
+  t.given = true;
+  return t;
+}
+
+struct ParallelTask {
+  const SplitConvInputs* in;
+  const SplitConvAttrs* attrs;
+  const SplitConvPlan* plan;
+  float* y;
+  std::atomic<bool> failed{false};
+};
+
+void RunTask(void* data, size_t task) {
+  auto* t = static_cast<ParallelTask*>(data);
+  if (!RunSplitConvTask(*t->in, *t->attrs, *t->plan, t->y, task)) t->failed.store(true);
+}
+
+struct SplitConvKernel {
+  SplitConvKernel(const OrtApi& api, SplitConvAttrs attrs) : api_(api), attrs_(std::move(attrs)) {}
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) noexcept {
+    try {
+      return Compute(context);
+    } catch (const Ort::Exception& e) {
+      return api_.CreateStatus(e.GetOrtErrorCode(), e.what());
+    } catch (const std::bad_alloc&) {
+      return api_.CreateStatus(ORT_FAIL, "SplitConv: out of memory");
+    } catch (const std::exception& e) {
+      return api_.CreateStatus(ORT_FAIL, (std::string("SplitConv: ") + e.what()).c_str());
+    } catch (...) {
+      return api_.CreateStatus(ORT_FAIL, "SplitConv: unknown error");
+    }
+  }
+
+ private:
+  OrtStatusPtr Invalid(const std::string& msg) const { return api_.CreateStatus(ORT_INVALID_ARGUMENT, msg.c_str()); }
+
+  OrtStatusPtr Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    const size_t count = ctx.GetInputCount();
+    Ort::ConstValue values[k::kNumInputs];
+    for (size_t i = 0; i < k::kNumInputs && i < count; ++i) {
+      values[i] = ctx.GetInput(i);
+      if (!values[i]) continue;  // an omitted optional input
+      if (!values[i].IsTensor()) return Invalid(std::string("SplitConv: input ") + k::kInputName[i] + " must be a tensor");
+      const auto type = values[i].GetTensorTypeAndShapeInfo().GetElementType();
+      if (static_cast<int>(type) != k::kInputElemType[i])
+        return Invalid(std::string("SplitConv: input ") + k::kInputName[i] + " has element type " +
+                       std::to_string(static_cast<int>(type)) + ", expected " +
+                       std::to_string(k::kInputElemType[i]));
+    }
+    for (size_t i = 0; i < k::kNumInputs; ++i)
+      if (!k::kInputOptional[i] && (i >= count || !values[i]))
+        return Invalid(std::string("SplitConv: required input ") + k::kInputName[i] + " is missing");
+
+    SplitConvInputs in;
+    in.x = ViewOf<float>(values[k::kInput_X]);
+    in.kernels = ViewOf<float>(values[k::kInput_kernels]);
+    in.offsets = ViewOf<int64_t>(values[k::kInput_offsets]);
+    in.idx = ViewOf<int32_t>(values[k::kInput_idx]);
+    if (values[k::kInput_B]) in.bias = ViewOf<float>(values[k::kInput_B]);
+    if (values[k::kInput_scale]) in.scale = ViewOf<float>(values[k::kInput_scale]);
+    if (values[k::kInput_shift]) in.shift = ViewOf<float>(values[k::kInput_shift]);
+
+    SplitConvPlan plan;
+    if (std::string err = PlanSplitConv(in, attrs_, &plan); !err.empty()) return Invalid(err);
+    auto out = ctx.GetOutput(0, plan.out_shape.data(), plan.out_shape.size());
+    if (plan.num_tasks() == 0) return nullptr;
+    ParallelTask task{&in, &attrs_, &plan, out.GetTensorMutableData<float>()};
+    ctx.ParallelFor(&RunTask, plan.num_tasks(), 0, &task);
+    if (task.failed.load()) return api_.CreateStatus(ORT_FAIL, "SplitConv: out of memory for scratch buffers");
+    return nullptr;
+  }
+
+  const OrtApi& api_;
+  const SplitConvAttrs attrs_;
+};
+
+struct SplitConvOp : Ort::CustomOpBase<SplitConvOp, SplitConvKernel, /*WithStatus=*/true> {
+  OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** op_kernel) const noexcept {
+    try {
+      SplitConvAttrs attrs;
+      TryGetInts(api, info, k::kAttr_strides, &attrs.strides);
+      TryGetInts(api, info, k::kAttr_pads, &attrs.pads);
+      TryGetInts(api, info, k::kAttr_dilations, &attrs.dilations);
+      std::string act;
+      TryGetString(api, info, k::kAttr_activation, &act);
+      attrs.activation = -1;
+      for (int code = 0; code < k::kNumActivations; ++code)
+        if (act == k::kActivationName[code]) attrs.activation = code;
+      if (attrs.activation < 0)
+        return api.CreateStatus(ORT_INVALID_ARGUMENT,
+                                ("SplitConv: unknown activation '" + act + "' (use '', 'Relu' or 'Clip')").c_str());
+      TryGetFloat(api, info, k::kAttr_clip_min, &attrs.clip_min);
+      TryGetFloat(api, info, k::kAttr_clip_max, &attrs.clip_max);
+      if (std::string err = ValidateAttrs(attrs); !err.empty())
+        return api.CreateStatus(ORT_INVALID_ARGUMENT, err.c_str());
+      *op_kernel = new SplitConvKernel(api, std::move(attrs));
+      return nullptr;
+    } catch (const std::exception& e) {
+      return api.CreateStatus(ORT_FAIL, (std::string("SplitConv: ") + e.what()).c_str());
+    } catch (...) {
+      return api.CreateStatus(ORT_FAIL, "SplitConv: unknown error at kernel creation");
+    }
+  }
+
+  const char* GetName() const { return k::kOpType; }
+  size_t GetInputTypeCount() const { return k::kNumInputs; }
+  ONNXTensorElementDataType GetInputType(size_t i) const {
+    return static_cast<ONNXTensorElementDataType>(k::kInputElemType[i]);
+  }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
+    return k::kInputOptional[i] ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+  }
+  size_t GetOutputTypeCount() const { return k::kNumOutputs; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+};
+
+// A domain must outlive every session created with it, and onnxruntime gives no signal when
+// the last one is gone: like onnxruntime's own examples, keep them for the life of the process
+// (one small object per registration).
+std::mutex g_domains_mutex;
+std::vector<OrtCustomOpDomain*> g_domains;
+
+}  // namespace
+}  // namespace redpp
+
+extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
+RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
+  const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
+  if (api == nullptr) {
+    const OrtApi* v1 = api_base->GetApi(1);
+    const std::string msg = std::string("redpp-onnx custom ops need onnxruntime C API version ") +
+                            std::to_string(ORT_API_VERSION) + " (onnxruntime >= 1." +
+                            std::to_string(ORT_API_VERSION) + "); this onnxruntime is " +
+                            api_base->GetVersionString();
+    return v1->CreateStatus(ORT_FAIL, msg.c_str());
+  }
+  Ort::InitApi(api);
+  static const redpp::SplitConvOp split_conv;
+  OrtCustomOpDomain* domain = nullptr;
+  if (OrtStatus* st = api->CreateCustomOpDomain(redpp::contract::kDomain, &domain)) return st;
+  {
+    std::lock_guard<std::mutex> lock(redpp::g_domains_mutex);
+    redpp::g_domains.push_back(domain);
+  }
+  if (OrtStatus* st = api->CustomOpDomain_Add(domain, &split_conv)) return st;
+  return api->AddCustomOpDomain(options, domain);
+}

@@ -1,0 +1,1 @@
+"""Build-time helpers (standard library only; used by setup.py)."""

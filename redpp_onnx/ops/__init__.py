@@ -1,0 +1,1 @@
+"""The ai.redpp custom operators: contract (schema), ONNX registration, numpy reference."""
