@@ -74,7 +74,7 @@ setup(
         Extension(
             OPS_LIBRARY,
             sources=["csrc/redpp_ops.cc", "csrc/split_conv.cc"],
-            depends=["csrc/split_conv.h"],
+            depends=["csrc/split_conv.h", "csrc/split_conv_kernels.inc"],
             language="c++",
             extra_compile_args=CXX_FLAGS,
             extra_link_args=["-Wl,--no-undefined"] if sys.platform.startswith("linux") else [],
@@ -82,7 +82,7 @@ setup(
         Pybind11Extension(
             "redpp_onnx._core",
             sources=["csrc/module.cc", "csrc/split_conv.cc"],
-            depends=["csrc/split_conv.h"],
+            depends=["csrc/split_conv.h", "csrc/split_conv_kernels.inc"],
             extra_compile_args=CXX_FLAGS,
             cxx_std=17,
         ),

@@ -59,14 +59,17 @@ py::array_t<float> SplitConv(const Array<float>& x, const Array<float>& kernels,
   if (scale) in.scale = View(*scale);
   if (shift) in.shift = View(*shift);
 
-  redpp::SplitConvPlan plan;
-  if (std::string err = redpp::PlanSplitConv(in, attrs, &plan); !err.empty()) throw py::value_error(err);
+  redpp::WeightPlan weights;
+  if (std::string err = redpp::PlanWeights(in.kernels, in.offsets, in.idx, &weights); !err.empty())
+    throw py::value_error(err);
+  redpp::ConvPlan plan;
+  if (std::string err = redpp::PlanConv(in, attrs, weights, &plan); !err.empty()) throw py::value_error(err);
   py::array_t<float> y(plan.out_shape);
   float* yp = y.mutable_data();
   bool ok = true;
   {
     py::gil_scoped_release release;
-    for (size_t t = 0; t < plan.num_tasks() && ok; ++t) ok = redpp::RunSplitConvTask(in, attrs, plan, yp, t);
+    for (size_t t = 0; t < plan.num_tasks() && ok; ++t) ok = redpp::RunSplitConvTask(in, attrs, weights, plan, yp, t);
   }
   if (!ok) throw std::bad_alloc();
   return y;

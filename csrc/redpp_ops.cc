@@ -79,18 +79,55 @@ TensorView<T> ViewOf(const Ort::ConstValue& v) {
 struct ParallelTask {
   const SplitConvInputs* in;
   const SplitConvAttrs* attrs;
-  const SplitConvPlan* plan;
+  const WeightPlan* weights;
+  const ConvPlan* plan;
   float* y;
   std::atomic<bool> failed{false};
 };
 
 void RunTask(void* data, size_t task) {
   auto* t = static_cast<ParallelTask*>(data);
-  if (!RunSplitConvTask(*t->in, *t->attrs, *t->plan, t->y, task)) t->failed.store(true);
+  if (!RunSplitConvTask(*t->in, *t->attrs, *t->weights, *t->plan, t->y, task)) t->failed.store(true);
+}
+
+// The weight inputs (kernels, offsets, idx) when all three are constant initializers.
+struct ConstantWeights {
+  TensorView<float> kernels;
+  TensorView<int64_t> offsets;
+  TensorView<int32_t> idx;
+};
+
+bool GetConstantWeights(const OrtApi& api, const OrtKernelInfo* info, ConstantWeights* out) {
+  const size_t indices[] = {k::kInput_kernels, k::kInput_offsets, k::kInput_idx};
+  const OrtValue* values[3] = {};
+  for (int i = 0; i < 3; ++i) {
+    int is_constant = 0;
+    if (OrtStatus* st = api.KernelInfoGetConstantInput_tensor(info, indices[i], &is_constant, &values[i])) {
+      api.ReleaseStatus(st);
+      return false;
+    }
+    if (!is_constant || values[i] == nullptr) return false;
+    auto type = Ort::ConstValue(values[i]).GetTensorTypeAndShapeInfo().GetElementType();
+    if (static_cast<int>(type) != k::kInputElemType[indices[i]]) return false;  // refused by onnxruntime later
+  }
+  out->kernels = ViewOf<float>(Ort::ConstValue(values[0]));
+  out->offsets = ViewOf<int64_t>(Ort::ConstValue(values[1]));
+  out->idx = ViewOf<int32_t>(Ort::ConstValue(values[2]));
+  return true;
 }
 
 struct SplitConvKernel {
   SplitConvKernel(const OrtApi& api, SplitConvAttrs attrs) : api_(api), attrs_(std::move(attrs)) {}
+
+  // With constant weights the weight plan is built (and validated) once, here.
+  std::string CacheWeights(const ConstantWeights& w) {
+    cached_kernels_ = w.kernels.data;
+    cached_offsets_ = w.offsets.data;
+    cached_idx_ = w.idx.data;
+    std::string err = PlanWeights(w.kernels, w.offsets, w.idx, &cached_);
+    has_cached_ = err.empty();
+    return err;
+  }
 
   OrtStatusPtr ComputeV2(OrtKernelContext* context) noexcept {
     try {
@@ -136,11 +173,19 @@ struct SplitConvKernel {
     if (values[k::kInput_scale]) in.scale = ViewOf<float>(values[k::kInput_scale]);
     if (values[k::kInput_shift]) in.shift = ViewOf<float>(values[k::kInput_shift]);
 
-    SplitConvPlan plan;
-    if (std::string err = PlanSplitConv(in, attrs_, &plan); !err.empty()) return Invalid(err);
+    // The cached plan applies when the constant weights are the tensors we are given.
+    WeightPlan local;
+    const WeightPlan* weights = &cached_;
+    if (!(has_cached_ && in.kernels.data == cached_kernels_ && in.offsets.data == cached_offsets_ &&
+          in.idx.data == cached_idx_ && in.kernels.shape.size() == cached_.kernel_shape.size() + 1)) {
+      if (std::string err = PlanWeights(in.kernels, in.offsets, in.idx, &local); !err.empty()) return Invalid(err);
+      weights = &local;
+    }
+    ConvPlan plan;
+    if (std::string err = PlanConv(in, attrs_, *weights, &plan); !err.empty()) return Invalid(err);
     auto out = ctx.GetOutput(0, plan.out_shape.data(), plan.out_shape.size());
     if (plan.num_tasks() == 0) return nullptr;
-    ParallelTask task{&in, &attrs_, &plan, out.GetTensorMutableData<float>()};
+    ParallelTask task{&in, &attrs_, weights, &plan, out.GetTensorMutableData<float>()};
     ctx.ParallelFor(&RunTask, plan.num_tasks(), 0, &task);
     if (task.failed.load()) return api_.CreateStatus(ORT_FAIL, "SplitConv: out of memory for scratch buffers");
     return nullptr;
@@ -148,6 +193,9 @@ struct SplitConvKernel {
 
   const OrtApi& api_;
   const SplitConvAttrs attrs_;
+  bool has_cached_ = false;
+  WeightPlan cached_;
+  const void *cached_kernels_ = nullptr, *cached_offsets_ = nullptr, *cached_idx_ = nullptr;
 };
 
 struct SplitConvOp : Ort::CustomOpBase<SplitConvOp, SplitConvKernel, /*WithStatus=*/true> {
@@ -169,7 +217,12 @@ struct SplitConvOp : Ort::CustomOpBase<SplitConvOp, SplitConvKernel, /*WithStatu
       TryGetFloat(api, info, k::kAttr_clip_max, &attrs.clip_max);
       if (std::string err = ValidateAttrs(attrs); !err.empty())
         return api.CreateStatus(ORT_INVALID_ARGUMENT, err.c_str());
-      *op_kernel = new SplitConvKernel(api, std::move(attrs));
+      auto kernel = std::make_unique<SplitConvKernel>(api, std::move(attrs));
+      ConstantWeights weights;
+      if (GetConstantWeights(api, info, &weights))
+        if (std::string err = kernel->CacheWeights(weights); !err.empty())
+          return api.CreateStatus(ORT_INVALID_ARGUMENT, err.c_str());
+      *op_kernel = kernel.release();
       return nullptr;
     } catch (const std::exception& e) {
       return api.CreateStatus(ORT_FAIL, (std::string("SplitConv: ") + e.what()).c_str());

@@ -40,38 +40,70 @@ struct SplitConvInputs {
   TensorView<float> bias, scale, shift;
 };
 
-// Everything Compute needs, resolved and validated once per call.
-struct SplitConvPlan {
-  int64_t n = 0, c_in = 0, c_out = 0;
-  int64_t h = 1, w = 1, kh = 1, kw = 1, ho = 1, wo = 1;
+// Output pixels per task. The micro-kernels work on rows of exactly this many floats.
+constexpr int64_t kTile = 64;
+
+// What depends on the weights only (kernels, offsets, idx): validated once and, when they
+// are constant initializers, built once when onnxruntime creates the kernel.
+//
+// Input channels that feed at least one output are cut into groups whose products
+// (sum of k_c rows of kTile floats) fit a cache budget. For group g and output o, the
+// product rows to add are rows[row_begin[g * c_out + o] .. row_begin[g * c_out + o + 1]),
+// numbered within the group's product buffer (row = offsets[c] - group_base[g] + idx[c, o]).
+//
+// 1x1 kernels (one tap) take a fused path instead: a product would cost as much as the
+// multiply-add it saves, so each output accumulates weight * input row directly; groups are
+// then capped by channel count (their input rows stay in L1), slots[r] gives the position,
+// within its group, of the channel of pair r and weights[r] its weight.
+struct WeightPlan {
+  int64_t c_in = 0, c_out = 0, num_kernels = 0, taps = 1;
+  std::vector<int64_t> kernel_shape;
+  std::vector<int32_t> channels;      // active channels, group by group
+  std::vector<int64_t> group_begin;   // group g: channels[group_begin[g] .. group_begin[g + 1])
+  std::vector<int64_t> group_base;    // first kernel of group g
+  std::vector<int64_t> row_begin;     // size groups * c_out + 1
+  std::vector<int32_t> rows;          // nnz(idx) entries
+  std::vector<int32_t> slots;         // fused path only: nnz(idx) entries
+  std::vector<float> weights;         // fused path only: nnz(idx) entries
+  int64_t max_group_rows = 0;
+  int64_t max_group_channels = 0;
+  bool fused = false;                 // one tap: fused multiply-add path
+  size_t num_groups() const { return group_base.size(); }
+};
+
+// What depends on X and the attributes: the convolution geometry and the tiling.
+struct ConvPlan {
+  int64_t n = 0, h = 1, w = 1, kh = 1, kw = 1, ho = 1, wo = 1;
   int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1;
+  bool direct_input = false;  // 1x1, stride 1, no padding: input rows are the im2col rows
+  // per kernel column kj: output columns [ow_first, ow_last] read inside the input (im2col)
+  std::vector<int64_t> ow_first, ow_last;
   std::vector<int64_t> out_shape;
-  // Per input channel c, the (output, local kernel) pairs with idx[c, o] >= 0, as CSR:
-  // pairs pair_begin[c] .. pair_begin[c+1]-1 of pair_out / pair_kernel.
-  std::vector<int64_t> pair_begin;
-  std::vector<int32_t> pair_out, pair_kernel;
-  int64_t max_kernels_per_channel = 0;
-  int64_t tile = 0;             // output pixels per task
-  int64_t tiles_per_image = 0;  // ceil(ho*wo / tile)
-  bool direct_input = false;    // 1x1, stride 1, no pad: the input row is the im2col row
+  int64_t tiles_per_image = 0;
   size_t num_tasks() const { return static_cast<size_t>(n * tiles_per_image); }
 };
 
 // Attribute checks that do not need the inputs (done once, at kernel creation).
-// Returns an error message, empty when valid.
+// Every function below returns an error message, empty when the input is valid.
 std::string ValidateAttrs(const SplitConvAttrs& attrs);
 
-// Validates the inputs against the contract and fills *plan. Returns an error message
-// (empty when valid). Never reads out of bounds, whatever the inputs.
-std::string PlanSplitConv(const SplitConvInputs& in, const SplitConvAttrs& attrs, SplitConvPlan* plan);
+// Validates kernels / offsets / idx against each other and builds the weight plan (which, on
+// the fused path, copies the weights: rebuild it when the kernels' values change).
+std::string PlanWeights(const TensorView<float>& kernels, const TensorView<int64_t>& offsets,
+                        const TensorView<int32_t>& idx, WeightPlan* plan);
+
+// Validates X, B, scale, shift against the weight plan and the attributes.
+std::string PlanConv(const SplitConvInputs& in, const SplitConvAttrs& attrs, const WeightPlan& weights,
+                     ConvPlan* plan);
 
 // Computes output tile `task` (0 <= task < plan.num_tasks()) into y. Tasks write disjoint
 // parts of y and their results do not depend on how tasks are spread over threads.
 // Returns false only when scratch memory could not be allocated.
-bool RunSplitConvTask(const SplitConvInputs& in, const SplitConvAttrs& attrs, const SplitConvPlan& plan,
-                      float* y, size_t task) noexcept;
+bool RunSplitConvTask(const SplitConvInputs& in, const SplitConvAttrs& attrs, const WeightPlan& weights,
+                      const ConvPlan& plan, float* y, size_t task) noexcept;
 
-// The instruction set the hot loops dispatched to on this CPU ("x86-64-v3" or "baseline").
+// The micro-kernel set chosen for this CPU when the library loaded:
+// "x86-64-v4" (AVX-512), "x86-64-v3" (AVX2 + FMA) or "baseline".
 const char* SimdTarget();
 
 }  // namespace redpp

@@ -35,7 +35,7 @@ def idx_with(c, o, value):
 CASES = {
     "idx_too_large": (dict(raw_inits={"idx": idx_with(0, 1, 99)}), X, "out of range"),
     "idx_below_minus_one": (dict(raw_inits={"idx": idx_with(2, 3, -2)}), X, "out of range"),
-    "idx_wrong_shape": (dict(raw_inits={"idx": GOOD.idx[:2]}), X, "idx must have shape"),
+    "idx_wrong_rank": (dict(raw_inits={"idx": GOOD.idx.reshape(-1)}), X, "idx must have shape"),
     "idx_int64": (dict(raw_inits={"idx": GOOD.idx.astype(np.int64)}), X, "idx"),
     "offsets_short": (dict(raw_inits={"offsets": GOOD.offsets[:-1]}), X, "offsets must have shape"),
     "offsets_decreasing": (dict(raw_inits={"offsets": np.array([0, 3, 2, GOOD.offsets[-1]], np.int64)}), X,
