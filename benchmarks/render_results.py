@@ -1,0 +1,141 @@
+"""Assemble docs/RESULTS.md from the JSON files the benchmark scripts saved (no measurement here).
+
+    python benchmarks/render_results.py [--results benchmarks/results] [--out docs/RESULTS.md]
+
+Sections appear for the result files that exist: hashing.json (results_hashing.py),
+theory.json (bench_theory.py), hashing_speed.json (bench_hashing.py),
+split_conv_threads.json (bench_split_conv_threads.py), eval_shared.json (eval_shared.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The paper's Table "hashing_ratio" (its own weights, which we do not have).
+PAPER_HASHING = {
+    "cifar10_resnet20.onnx": ("ResNet-20 (CIFAR-10)", 98.9, 0.07, 98.0, 0.58),
+    "cifar10_resnet56.onnx": ("ResNet-56 (CIFAR-10)", 99.0, -0.03, 98.4, 0.45),
+    "imagenet_efficientnet_lite0.onnx": ("EfficientNet-B0 (ImageNet; ours is Lite0)", 72.3, 0.44, 98.5, 3.36),
+}
+
+
+def _load(results: Path, name: str):
+    path = results / name
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _pct(x, digits=2):
+    return "-" if x is None else f"{100 * x:.{digits}f}"
+
+
+def _g(x, fmt="{:.3g}"):
+    return "-" if x is None else fmt.format(x)
+
+
+def section_hashing(data) -> list[str]:
+    rows = data["rows"]
+    out = ["## Step 1: hashing (issue 3)", "",
+           "Command: `python benchmarks/results_hashing.py` then `python benchmarks/render_results.py`.",
+           "Distinct values are counted per eligible layer (Conv group 1, Gemm, MatMul with a constant "
+           "weight; depthwise convs are not hashed by default) and summed; top-1 on the exact data "
+           "(CIFAR-10 exact 1,017-image subset, ImageNet 1,000-image sample); agreement = same argmax as "
+           "the original; paired = CIFAR-10 JPEG 10k set (see ../shared/bench/PROVENANCE.md).", ""]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        paper = PAPER_HASHING.get(model)
+        mrows = [r for r in rows if r["model"] == model]
+        out += [f"### {model}", "",
+                f"Original top-1 on {mrows[0]['data']}: {_pct(mrows[0]['top1_original'])} % (n = {mrows[0]['n']}).", "",
+                "| setting | distinct removed % | top-1 % | drop (points) | agreement % | paired agreement % "
+                "| --codebook file | hash time s |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in mrows:
+            cb = f"{r['codebook_ratio']:.2f}x smaller" if "codebook_ratio" in r else "-"
+            out.append(f"| {r['setting']} | {_pct(r['reduction'])} | {_pct(r['top1'])} | "
+                       f"{r['top1_drop_points']:+.2f} | {_pct(r['agreement'])} | "
+                       f"{_pct(r.get('paired_agreement'))} | {cb} | {r['hash_seconds']:.1f} |")
+        if paper:
+            out += ["", f"Paper ({paper[0]}, its own weights): adaptive hashing removes {paper[1]} % of distinct "
+                        f"values with a {paper[2]:+.2f}-point accuracy drop; uniform int8 {paper[3]} % with "
+                        f"{paper[4]:+.2f} points."]
+        out.append("")
+    return out
+
+
+def section_theory(data) -> list[str]:
+    out = ["## Data-free guarantee (`redpp-onnx analyze`)", "",
+           "Command: `python benchmarks/bench_theory.py` (ε = 0.01). `U` composes the per-layer terms "
+           "`e_l = u_l/√fan_in · (1 − erf(−μ/(σ√2)))` as `Π(e_l + g_l) − Π g_l` (our reading of the paper's "
+           "eq. U, see `redpp_onnx/analysis/theory.py`), with `g_l` the expected magnitude of the BN output "
+           "(default) or the paper-literal BN mean. `E[norm] = ‖E[logits]‖` from BN statistics.", "",
+           "| model | U (default) | U (paper-literal) | E[norm] | E_X‖f‖ | E_X‖f̃−f‖ | U/E[norm] | verdict |"
+           " paper: U / E[norm] / E_X‖f‖ / tightness |",
+           "|---|---:|---:|---:|---:|---:|---:|---|---|"]
+    for r in data["rows"]:
+        p = r.get("paper") or {}
+        paper = (f"{p.get('U')} / {p.get('E_norm')} / {p.get('E_X_f')} / {_pct(p.get('tightness'), 0)} %"
+                 if p else "-")
+        out.append(f"| {r['label']} | {_g(r['U']['magnitude'])} | {_g(r['U']['paper'])} | {_g(r['E_norm'])} | "
+                   f"{_g(r['E_X_f'])} | {_g(r['E_X_diff'])} | {_g(r['ratio'])} | {r['verdict']} | {paper} |")
+    out += ["", "**What this shows, plainly.** Read this way, `U` is not an upper bound on the measured "
+                "error for these models. The product of per-layer gains shrinks or grows geometrically with "
+                "depth (typical gain 0.6 for ResNet-20, 0.37 for ResNet-56, 1.8 for EfficientNet-Lite0), so "
+                "`U` vanishes far below the measured `E_X‖f̃−f‖` on the ResNets and explodes on "
+                "EfficientNet-Lite0, where the verdict \"likely harmful\" is contradicted by the measured "
+                "top-1. Even with unit gains, `Σ e_l` stays 75-600x below the measured error: the "
+                "`1/√fan_in` factor of the per-layer term shrinks an error that adds up over fan_in terms. "
+                "`analyze` prints a warning whenever data shows the bound failing. `E[norm] = ‖E[f]‖` is "
+                "below `E_X‖f‖` as Jensen requires, by a factor of 8 to 28. The measured drift "
+                "`E_X‖f̃−f‖ / E_X‖f‖` (1.5 %, 1.1 %, 8.3 %) is the reliable indicator here.", ""]
+    return out
+
+
+def section_speed(data) -> list[str]:
+    return ["## Hashing speed", "",
+            f"Command: `python benchmarks/bench_hashing.py`. {data['n_tensors']} tensors with ResNet-50 layer "
+            f"shapes, {data['n_params']:,} parameters (seeded Laplace/normal mixtures with outliers): "
+            f"**{data['total_seconds']:.1f} s** in total on this 2-core machine, peak RSS "
+            f"{data['max_rss_mib']:.0f} MiB, {_pct(data['reduction'])} % of distinct values removed. The paper "
+            "reports hours for the exact KDE (about 2 h for ResNet-101).", ""]
+
+
+def section_threads(data) -> list[str]:
+    out = ["## SplitConv kernel: threads and onnxruntime's Conv (issue 2)", "",
+           f"Command: `python benchmarks/bench_split_conv_threads.py`; medians of {data['meta']['repeat']} runs, "
+           f"onnxruntime {data['meta']['onnxruntime']}, SIMD {data['meta']['simd_target']}. `unique %` = kernels "
+           "kept per input channel; ratio = this op at 1 thread / onnxruntime Conv at 1 thread, same run.", "",
+           "| layer | unique % | op | 1 thread ms | 2 threads ms | 1/2 | ratio vs Conv |",
+           "|---|---:|---|---:|---:|---:|---:|"]
+    for r in data["rows"]:
+        out.append(f"| {r['layer']} | {100 * r['unique_fraction']:.0f} | {r['op']} | "
+                   f"{r['threads_1']['median_ms']:.3f} | {r['threads_2']['median_ms']:.3f} | "
+                   f"{r['speedup_2_threads']:.2f} | {r['ratio_vs_conv_1_thread']:.2f} |")
+    return out + [""]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--out", default=str(ROOT / "docs" / "RESULTS.md"))
+    args = ap.parse_args(argv)
+    results = Path(args.results)
+    lines = ["# Results", "",
+             "Generated by `benchmarks/render_results.py` from the JSON files in `benchmarks/results/`; every "
+             "number was measured on this project's 2-core machine with onnxruntime (CPU). The paper's numbers "
+             "are for its own weights, which we do not have (see ../shared/docs/METHOD.md).", ""]
+    for name, render in (("hashing.json", section_hashing), ("theory.json", section_theory),
+                         ("hashing_speed.json", section_speed), ("split_conv_threads.json", section_threads)):
+        data = _load(results, name)
+        if data is not None:
+            lines += render(data)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Analyses of a model: pure functions, they never change the graph."""

@@ -1,0 +1,178 @@
+"""Eligible layers of a model (METHOD.md "Layouts"), their weights and their MACs.
+
+Pure: reads a ``ModelProto``, never changes it. Eligible: ``Conv`` with ``group == 1`` (grouped
+and depthwise convs only when asked), ``Gemm``, and ``MatMul`` whose second input is a constant
+(an initializer or a ``Constant`` node). Every other candidate gets a reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from typing import Optional
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+FLOAT_TYPES = {onnx.TensorProto.FLOAT}
+
+
+@dataclasses.dataclass(frozen=True)
+class Layer:
+    """One eligible layer. ``weight`` names the tensor (initializer or Constant output)."""
+
+    node: str            # node name (made unique if the model has none)
+    op_type: str         # Conv | Gemm | MatMul
+    weight: str
+    weight_shape: tuple
+    group: int = 1
+    trans_b: bool = False  # Gemm only
+    bias: Optional[str] = None
+    macs: Optional[int] = None  # multiply-adds for one sample (batch 1); None if unknown
+
+    @property
+    def params(self) -> int:
+        return int(np.prod(self.weight_shape))
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    node: str
+    op_type: str
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerScan:
+    layers: tuple[Layer, ...]
+    refused: tuple[Refusal, ...]
+
+
+class ConstantTensors:
+    """The model's constant tensors: initializers and ``Constant`` node values, by name."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self._graph = model.graph
+        self._init = {t.name: t for t in model.graph.initializer}
+        self._const = {}
+        for node in model.graph.node:
+            if node.op_type == "Constant" and len(node.output) == 1:
+                for attr in node.attribute:
+                    if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+                        self._const[node.output[0]] = attr.t
+
+    def proto(self, name: str) -> Optional[onnx.TensorProto]:
+        return self._init.get(name) or self._const.get(name)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._init or name in self._const
+
+    def array(self, name: str) -> np.ndarray:
+        return numpy_helper.to_array(self.proto(name))
+
+
+def node_names(model: onnx.ModelProto) -> list[str]:
+    """A unique display name per node (its name, else ``op_type_index``)."""
+    seen = defaultdict(int)
+    names = []
+    for i, node in enumerate(model.graph.node):
+        name = node.name or f"{node.op_type}_{i}"
+        seen[name] += 1
+        names.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
+    return names
+
+
+def _attr(node: onnx.NodeProto, name: str, default):
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default
+
+
+def static_shapes(model: onnx.ModelProto, batch: int = 1) -> dict[str, tuple]:
+    """Shapes of every tensor when the graph inputs' symbolic dims are fixed (batch dims to
+    ``batch``); {} when inference fails. Works on a copy."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    initializers = {t.name for t in m.graph.initializer}
+    for inp in m.graph.input:
+        if inp.name in initializers or not inp.type.HasField("tensor_type"):
+            continue
+        for d in inp.type.tensor_type.shape.dim:
+            if not d.HasField("dim_value"):
+                d.Clear()
+                d.dim_value = batch
+    try:
+        m = onnx.shape_inference.infer_shapes(m, data_prop=True)
+    except Exception:  # noqa: BLE001 - shapes are an optional refinement (MACs only)
+        return {}
+    shapes = {}
+    for vi in list(m.graph.value_info) + list(m.graph.output) + list(m.graph.input):
+        tt = vi.type.tensor_type
+        if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
+            shapes[vi.name] = tuple(d.dim_value for d in tt.shape.dim)
+    return shapes
+
+
+def scan_layers(model: onnx.ModelProto, *, include_grouped: bool = False) -> LayerScan:
+    """Eligible layers and the reasons the other Conv/Gemm/MatMul nodes are not."""
+    consts = ConstantTensors(model)
+    names = node_names(model)
+    shapes = static_shapes(model)
+    consumers = defaultdict(list)
+    for i, node in enumerate(model.graph.node):
+        for j, inp in enumerate(node.input):
+            consumers[inp].append((i, j))
+    layers, refused = [], []
+    for i, node in enumerate(model.graph.node):
+        if node.op_type not in ("Conv", "Gemm", "MatMul") or node.domain not in ("", "ai.onnx"):
+            continue
+        name = names[i]
+
+        def refuse(reason):
+            refused.append(Refusal(name, node.op_type, reason))
+
+        if len(node.input) < 2 or node.input[1] not in consts:
+            refuse("weight is not a constant (an initializer or a Constant node)")
+            continue
+        weight = node.input[1]
+        proto = consts.proto(weight)
+        if proto.data_type not in FLOAT_TYPES:
+            refuse(f"weight has type {onnx.TensorProto.DataType.Name(proto.data_type)}; only float32 is handled")
+            continue
+        users = consumers[weight]
+        if len(users) > 1:
+            others = ", ".join(names[k] for k, _ in users if k != i)
+            refuse(f"weight {weight} is shared with {others}")
+            continue
+        shape = tuple(proto.dims)
+        out = shapes.get(node.output[0])
+        if node.op_type == "Conv":
+            group = int(_attr(node, "group", 1))
+            if group != 1 and not include_grouped:
+                kind = "depthwise" if group == shape[0] and shape[1] == 1 else "grouped"
+                refuse(f"{kind} Conv (group={group}) skipped: hashing it harms accuracy (METHOD.md); "
+                       "use --include-depthwise")
+                continue
+            macs = int(np.prod(out[1:]) * np.prod(shape[1:])) if out else None
+            bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
+            layers.append(Layer(name, "Conv", weight, shape, group=group, bias=bias, macs=macs))
+        elif node.op_type == "Gemm":
+            if len(shape) != 2:
+                refuse(f"Gemm weight has rank {len(shape)}")
+                continue
+            if int(_attr(node, "transA", 0)):
+                refuse("Gemm with transA=1 is not handled")
+                continue
+            trans_b = bool(_attr(node, "transB", 0))
+            bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
+            layers.append(Layer(name, "Gemm", weight, shape, trans_b=trans_b, bias=bias,
+                                macs=int(np.prod(shape))))  # one row (batch 1)
+        else:  # MatMul
+            if len(shape) != 2:
+                refuse(f"MatMul weight has rank {len(shape)} (only 2-D weights [in, out])")
+                continue
+            rows = int(np.prod(out[1:-1])) if out and len(out) > 2 else 1
+            layers.append(Layer(name, "MatMul", weight, shape, macs=rows * int(np.prod(shape))))
+    return LayerScan(tuple(layers), tuple(refused))

@@ -1,0 +1,163 @@
+"""``redpp-onnx``: the command line. Thin: argparse -> config -> library call -> report.
+
+User mistakes (bad paths, bad files, bad options) end with one line on stderr and exit status 2;
+nothing is written unless the whole job succeeded (writes are atomic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from . import __version__
+from .errors import RedppError
+
+EXIT_USER_ERROR = 2
+
+
+class _Progress:
+    """A one-line progress indicator on stderr, only when stderr is a terminal."""
+
+    def __init__(self, label: str, enabled: bool):
+        self.label = label
+        self.enabled = enabled and sys.stderr.isatty()
+
+    def __call__(self, i: int, n: int, item: str) -> None:
+        if not self.enabled:
+            return
+        width = 24
+        filled = width * i // max(n, 1)
+        text = f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {i}/{n} {item[:40]:40}"
+        sys.stderr.write(text if i < n else "\r" + " " * len(text) + "\r")
+        sys.stderr.flush()
+
+
+def _steps(text: str) -> tuple:
+    return tuple(s.strip() for s in text.split(",") if s.strip())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="redpp-onnx", description="Data-free compression of ONNX models (RED++).")
+    ap.add_argument("--version", action="version", version=f"redpp-onnx {__version__}")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("compress", help="hash (then merge, split) the weights of a model")
+    c.add_argument("input", help="the ONNX model to compress")
+    c.add_argument("-o", "--output", required=True, help="where to write the compressed model")
+    c.add_argument("--report", help="also write the report as JSON to this file")
+    c.add_argument("--steps", type=_steps, default=("hash",), help="comma-separated steps (default: hash)")
+    c.add_argument("--weight-error", type=float, default=0.01, metavar="EPS",
+                   help="per-layer budget on ||W~ - W|| / ||W|| that chooses the bandwidth (default 0.01)")
+    c.add_argument("--bandwidth-factor", type=float, metavar="F",
+                   help="fixed bandwidth factor instead of the budget (1 = the paper's literal rule)")
+    c.add_argument("--nms-radius", type=float, default=0.0, metavar="TAU",
+                   help="merge KDE modes closer than TAU (weight units; default 0 = off)")
+    c.add_argument("--snap-zero", action="store_true", help="give the cell holding 0 the value 0 when the budget allows")
+    c.add_argument("--uniform-int8", action="store_true", help="baseline: uniform symmetric int8 instead of KDE hashing")
+    c.add_argument("--codebook", action="store_true",
+                   help="store hashed weights as a codebook + uint8/uint16 codes (smaller file, same outputs)")
+    c.add_argument("--include-depthwise", action="store_true", help="also hash grouped and depthwise convolutions")
+    c.add_argument("--no-verify", action="store_true", help="skip the check on seeded random inputs")
+    c.add_argument("--force", action="store_true", help="overwrite the output file if it exists")
+    c.add_argument("--json", action="store_true", help="print the JSON report on stdout instead of the table")
+    c.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+
+    a = sub.add_parser("analyze", help="the data-free guarantee of hashing: per-layer bounds, U, E[norm]")
+    a.add_argument("input", help="the ONNX model to analyze (not modified)")
+    a.add_argument("--data", help="an .npz data set: also measure E_X||f|| and E_X||f~ - f|| (see docs)")
+    a.add_argument("--limit", type=int, help="use only the first N samples of --data")
+    a.add_argument("--weight-error", type=float, default=0.01, metavar="EPS", help="as for compress")
+    a.add_argument("--bandwidth-factor", type=float, metavar="F", help="as for compress")
+    a.add_argument("--include-depthwise", action="store_true", help="as for compress")
+    a.add_argument("--report", help="also write the analysis as JSON to this file")
+    a.add_argument("--json", action="store_true", help="print the JSON analysis instead of the table")
+    return ap
+
+
+def _compress(args) -> int:
+    from .compress import compress
+    from .config import CompressConfig, HashConfig
+    from .io import save_model
+
+    config = CompressConfig(
+        steps=args.steps,
+        hash=HashConfig(weight_error=args.weight_error, bandwidth_factor=args.bandwidth_factor,
+                        nms_radius=args.nms_radius, snap_zero=args.snap_zero, uniform_int8=args.uniform_int8,
+                        include_depthwise=args.include_depthwise),
+        codebook=args.codebook, verify=not args.no_verify)
+    src, dst = Path(args.input), Path(args.output)
+    if dst.exists() and dst.resolve() == src.resolve():
+        raise RedppError(f"{dst}: output is the input file; choose another path")
+    if dst.exists() and not args.force:
+        raise RedppError(f"{dst}: already exists; pass --force to overwrite")
+    if not dst.parent.is_dir():
+        raise RedppError(f"{dst}: the folder {dst.parent} does not exist")
+    if args.report and not Path(args.report).parent.is_dir():
+        raise RedppError(f"{args.report}: the folder {Path(args.report).parent} does not exist")
+    file_before = src.stat().st_size if src.is_file() else None
+    model, report = compress(src, config, progress=_Progress("hashing", not args.quiet),
+                             file_bytes_before=file_before)
+    report.model["file_bytes_after"] = save_model(model, dst, force=True)
+    report.output = str(dst)
+    if args.report:
+        _write_text_atomic(Path(args.report), report.to_json())
+    if args.json:
+        sys.stdout.write(report.to_json())
+    elif not args.quiet:
+        sys.stdout.write(report.table())
+        sys.stdout.write(f"wrote {dst}" + (f" and {args.report}" if args.report else "") + "\n")
+    return 0
+
+
+def _analyze(args) -> int:
+    from .analysis.theory import analyze
+    from .config import HashConfig
+    from .io import load_model
+
+    if args.report and not Path(args.report).parent.is_dir():
+        raise RedppError(f"{args.report}: the folder {Path(args.report).parent} does not exist")
+    if args.data and not Path(args.data).is_file():
+        raise RedppError(f"{args.data}: no such file")
+    if args.limit is not None and args.limit < 1:
+        raise RedppError(f"--limit must be >= 1, got {args.limit}")
+    config = HashConfig(weight_error=args.weight_error, bandwidth_factor=args.bandwidth_factor,
+                        include_depthwise=args.include_depthwise)
+    model = load_model(args.input)
+    try:
+        result = analyze(model, config, data=args.data, limit=args.limit)
+    except ValueError as err:  # a data set the evaluator cannot read
+        raise RedppError(str(err)) from None
+    text = json.dumps(result.to_dict(), indent=2) + "\n"
+    if args.report:
+        _write_text_atomic(Path(args.report), text)
+    sys.stdout.write(text if args.json else result.table())
+    return 0
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "compress":
+            return _compress(args)
+        if args.command == "analyze":
+            return _analyze(args)
+    except RedppError as err:
+        print(f"redpp-onnx: error: {err}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("redpp-onnx: interrupted; nothing was written", file=sys.stderr)
+        return 130
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

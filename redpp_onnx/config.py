@@ -1,0 +1,62 @@
+"""Configuration: frozen dataclasses, validated once when built (a bad value is a RedppError)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+from .errors import RedppError
+
+STEPS = ("hash", "merge", "split")
+AVAILABLE_STEPS = ("hash",)  # merge and split come with their passes
+
+
+def _positive(name: str, value: float, allow_zero: bool = False) -> None:
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise RedppError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} number, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class HashConfig:
+    """Step 1 (METHOD.md): adaptive KDE hashing, or the uniform int8 baseline."""
+
+    weight_error: float = 0.01               # ε: budget on ‖W̃ - W‖ / ‖W‖ per layer
+    bandwidth_factor: Optional[float] = None  # fixed f (1 = the paper's literal rule); None: per layer within ε
+    nms_radius: float = 0.0                  # τ, in weight units (0 = off)
+    snap_zero: bool = False
+    uniform_int8: bool = False               # the baseline instead of KDE hashing
+    include_depthwise: bool = False          # also grouped / depthwise convs
+
+    def __post_init__(self):
+        _positive("--weight-error", self.weight_error, allow_zero=True)
+        if self.bandwidth_factor is not None:
+            _positive("--bandwidth-factor", self.bandwidth_factor)
+        _positive("--nms-radius", self.nms_radius, allow_zero=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompressConfig:
+    steps: tuple = ("hash",)
+    hash: HashConfig = HashConfig()
+    codebook: bool = False      # store hashed weights as codebook + uint8/16 codes + Gather
+    verify: bool = True         # seeded random inputs through the original and the output
+    verify_batch: int = 2
+    seed: int = 0
+
+    def __post_init__(self):
+        steps = tuple(self.steps)
+        unknown = [s for s in steps if s not in STEPS]
+        if unknown:
+            raise RedppError(f"unknown step(s) {', '.join(unknown)}; steps are {', '.join(STEPS)}")
+        missing = [s for s in steps if s not in AVAILABLE_STEPS]
+        if missing:
+            raise RedppError(f"step(s) {', '.join(missing)} not available in this version (available: "
+                             f"{', '.join(AVAILABLE_STEPS)})")
+        if not steps:
+            raise RedppError("no step chosen (--steps)")
+        if self.codebook and "hash" not in steps:
+            raise RedppError("--codebook stores hashed weights: it needs the hash step")
+        if not isinstance(self.verify_batch, int) or self.verify_batch < 1:
+            raise RedppError(f"verify batch must be >= 1, got {self.verify_batch!r}")
+        object.__setattr__(self, "steps", steps)

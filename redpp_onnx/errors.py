@@ -1,0 +1,5 @@
+"""Errors a user can cause (bad paths, bad files, bad options): reported as one line, no traceback."""
+
+
+class RedppError(Exception):
+    """A problem with the user's input or options; the message says what and how to fix it."""

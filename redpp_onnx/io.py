@@ -1,0 +1,99 @@
+"""The only module that reads or writes model files.
+
+Loading gives one-line errors for a missing, unreadable, non-ONNX or truncated file. Saving is
+atomic (a temporary file in the destination folder, then a rename) and always sets the IR
+version explicitly: the input's when onnxruntime can load it, else the smallest one that the
+model's opsets allow (onnx 1.23 writes IR 14 by default; onnxruntime 1.31 loads at most 13).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Union
+
+import onnx
+from google.protobuf.message import DecodeError
+
+from .errors import RedppError
+
+MAX_ORT_IR_VERSION = 13  # the newest IR version onnxruntime >= 1.29 loads (1.31: 13)
+EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # protobuf's hard limit is 2 GiB per message
+
+PathLike = Union[str, os.PathLike]
+
+
+def load_model(path: PathLike) -> onnx.ModelProto:
+    """Read an ONNX file (and its external data, if any)."""
+    p = Path(path)
+    if not p.exists():
+        raise RedppError(f"{p}: no such file")
+    if p.is_dir():
+        raise RedppError(f"{p}: is a folder, not an ONNX file")
+    try:
+        model = onnx.load(str(p), load_external_data=False)
+    except (DecodeError, RuntimeWarning, ValueError) as err:
+        raise RedppError(f"{p}: not a readable ONNX model (truncated or not ONNX: {err})") from None
+    except OSError as err:
+        raise RedppError(f"{p}: cannot read ({err.strerror or err})") from None
+    if not model.graph.node and not model.graph.initializer and not model.opset_import:
+        raise RedppError(f"{p}: not an ONNX model (no graph, no opset)")
+    try:
+        onnx.external_data_helper.load_external_data_for_model(model, str(p.parent))
+    except (OSError, ValueError) as err:
+        raise RedppError(f"{p}: its external data cannot be read ({err})") from None
+    return model
+
+
+def runtime_ir_version(model: onnx.ModelProto) -> int:
+    """The IR version to write: the model's own if onnxruntime loads it, else the lowest its opsets allow."""
+    if 0 < model.ir_version <= MAX_ORT_IR_VERSION:
+        return model.ir_version
+    needed = onnx.helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+    return min(max(needed, 3), MAX_ORT_IR_VERSION)
+
+
+def serialize(model: onnx.ModelProto) -> bytes:
+    """The model's bytes with the IR version onnxruntime loads (``model`` is not modified)."""
+    ir = runtime_ir_version(model)
+    if model.ir_version == ir:
+        return model.SerializeToString()
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    copy.ir_version = ir
+    return copy.SerializeToString()
+
+
+def save_model(model: onnx.ModelProto, path: PathLike, *, force: bool = False,
+               source: PathLike | None = None) -> int:
+    """Write ``model`` (not modified) to ``path`` atomically; returns the file's size in bytes.
+
+    ``force``: overwrite an existing file. ``source``: the input file, never overwritten
+    without ``force``. Models over ~1.8 GB are written with their tensors in one external data
+    file ``<name>.data`` beside the model.
+    """
+    out = Path(path)
+    if not out.parent.is_dir():
+        raise RedppError(f"{out}: the folder {out.parent} does not exist")
+    if source is not None and out.exists() and out.resolve() == Path(source).resolve() and not force:
+        raise RedppError(f"{out}: output is the input file; choose another path or pass --force")
+    if out.exists() and not force and source is not None:
+        raise RedppError(f"{out}: already exists; pass --force to overwrite")
+    external = model.ByteSize() > EXTERNAL_DATA_THRESHOLD
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    try:
+        if external:
+            copy = onnx.ModelProto()
+            copy.CopyFrom(model)
+            copy.ir_version = runtime_ir_version(model)
+            onnx.save_model(copy, tmp, save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=out.name + ".data", size_threshold=1024)
+        else:
+            Path(tmp).write_bytes(serialize(model))
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out.stat().st_size

@@ -1,0 +1,1 @@
+"""Graph passes. Each takes a model and returns a new one with its statistics; none mutates its input."""

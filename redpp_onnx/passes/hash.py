@@ -1,0 +1,134 @@
+"""Step 1: hash the weights of every eligible layer (METHOD.md step 1).
+
+Each eligible layer's weight tensor is replaced by its hashed version (every weight becomes the
+mode of its KDE cell), or by the uniform int8 baseline. Biases are never hashed. With
+``codebook=True`` the hashed tensor is stored as a float codebook plus bit-packed codes and
+rebuilt by standard ops that onnxruntime folds into a constant when the session starts
+(``codebook.py``): the file shrinks, the computation is the plain hashed model's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Optional
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ..analysis.layers import ConstantTensors, Layer, Refusal, scan_layers
+from ..config import HashConfig
+from ..hashing import hash_tensor, uniform_int8
+from .codebook import MIN_OPSET, CodebookWriter, opset_version
+
+
+@dataclasses.dataclass
+class LayerHash:
+    """What hashing did to one layer (a row of the report)."""
+
+    name: str
+    op_type: str
+    weight: str
+    shape: tuple
+    params: int
+    macs: Optional[int]
+    method: str                      # "kde" | "uniform-int8" | "unchanged"
+    distinct_before: int
+    distinct_after: int
+    rel_error: float
+    bandwidth: Optional[float] = None
+    factor: Optional[float] = None
+    modes: Optional[int] = None
+    u_l: Optional[float] = None      # per-weight bound min(A, B)
+    code_bits: Optional[int] = None  # --codebook: bits per stored weight
+    seconds: float = 0.0
+    reasons: list = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class HashPassResult:
+    model: onnx.ModelProto
+    layers: list                     # LayerHash per eligible layer
+    refused: list                    # Refusal per candidate that is not eligible
+    codebook_layers: int = 0
+
+
+class HashPass:
+    """``HashPass(config, codebook=False).run(model)`` -> :class:`HashPassResult`."""
+
+    def __init__(self, config: HashConfig, *, codebook: bool = False,
+                 progress: Optional[Callable[[int, int, str], None]] = None):
+        self.config = config
+        self.codebook = codebook
+        self.progress = progress
+
+    def _hash(self, w: np.ndarray):
+        if self.config.uniform_int8:
+            return "uniform-int8", uniform_int8(w)
+        c = self.config
+        return "kde", hash_tensor(w, weight_error=c.weight_error, bandwidth_factor=c.bandwidth_factor,
+                                  nms_radius=c.nms_radius, snap_zero=c.snap_zero)
+
+    def run(self, model: onnx.ModelProto) -> HashPassResult:
+        scan = scan_layers(model, include_grouped=self.config.include_depthwise)
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        consts = ConstantTensors(out)
+        stats, codebooks = [], []
+        for k, layer in enumerate(scan.layers):
+            if self.progress:
+                self.progress(k, len(scan.layers), layer.node)
+            t0 = time.perf_counter()
+            w = consts.array(layer.weight)
+            method, res = self._hash(w)
+            row = LayerHash(layer.node, layer.op_type, layer.weight, layer.weight_shape, layer.params, layer.macs,
+                            method if res.reason is None else "unchanged", res.distinct_before,
+                            res.distinct_after, float(res.rel_error))
+            if method == "kde":
+                row.bandwidth, row.factor, row.modes, row.u_l = res.bandwidth, res.factor, res.n_modes, res.bound
+            if res.reason:
+                row.reasons.append(res.reason)
+            else:
+                consts.proto(layer.weight).CopyFrom(numpy_helper.from_array(res.hashed.astype(np.float32),
+                                                                            layer.weight))
+                if self.codebook:
+                    codebooks.append((layer, res))
+            row.seconds = time.perf_counter() - t0
+            stats.append(row)
+        if self.progress:
+            self.progress(len(scan.layers), len(scan.layers), "")
+        if codebooks and opset_version(out) < MIN_OPSET:
+            for row in stats:
+                row.reasons.append(f"codebook storage needs opset >= {MIN_OPSET}; weights stored plainly")
+            codebooks = []
+        by_name = {row.weight: row for row in stats}
+        writer = CodebookWriter(out.graph)
+        for layer, res in codebooks:
+            by_name[layer.weight].code_bits = _to_codebook(out, writer, layer, res.codebook, res.codes)
+        return HashPassResult(out, stats, list(scan.refused), len(codebooks))
+
+
+def _to_codebook(model: onnx.ModelProto, writer: CodebookWriter, layer: Layer, codebook: np.ndarray,
+                 codes: np.ndarray) -> int:
+    """Replace the constant ``layer.weight`` by its codebook decoder; returns bits per weight."""
+    name = layer.weight
+    graph = model.graph
+    for i, t in enumerate(graph.initializer):
+        if t.name == name:
+            del graph.initializer[i]
+            break
+    else:  # a Constant node's output
+        for i, node in enumerate(graph.node):
+            if node.op_type == "Constant" and list(node.output) == [name]:
+                del graph.node[i]
+                break
+    for i, vi in enumerate(graph.input):  # old models list initializers as inputs
+        if vi.name == name:
+            del graph.input[i]
+            break
+    return writer.add(name, codebook, codes)
+
+
+def refusal_dict(r: Refusal) -> dict:
+    return {"name": r.node, "op_type": r.op_type, "reasons": [r.reason]}

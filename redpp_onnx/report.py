@@ -1,0 +1,110 @@
+"""The compression report: a JSON contract (what users parse) and a table (what users read).
+
+JSON keys (stable; later steps add to them):
+``model``: ``params_before/after``, ``pruning_ratio`` (removed / original float weights of the
+eligible layers), ``distinct_values_before/after`` and ``distinct_reduction`` (summed over
+eligible layers; reduction = 1 - after / before), ``macs_before/after`` (eligible layers, one
+sample), ``file_bytes_before/after``, ``eligible_layers``, ``refused_layers``.
+``layers[]``: per layer ``name``, ``op_type``, ``shape``, ``params``, ``macs``, ``method``,
+``distinct_before/after``, ``bandwidth``, ``factor``, ``modes``, ``rel_error``, ``u_l``,
+``seconds``, ``reasons`` (why it was left unchanged or refused; ``eligible`` false for refused).
+``verify``: ``max_abs_diff``, ``max_rel_l2`` (or ``skipped``). ``timings``: seconds per stage.
+``notes``: what changed in the function and why it holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Optional
+
+
+@dataclasses.dataclass
+class Report:
+    tool: dict
+    config: dict
+    model: dict
+    layers: list
+    verify: dict
+    timings: dict
+    notes: list
+    input: Optional[str] = None
+    output: Optional[str] = None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=_json_default) + "\n"
+
+    def table(self) -> str:
+        return render_table(self)
+
+
+def _json_default(obj):
+    try:
+        import numpy as np
+
+        if isinstance(obj, np.generic):
+            return obj.item()
+    except ImportError:  # pragma: no cover
+        pass
+    if isinstance(obj, tuple):
+        return list(obj)
+    raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+
+
+def _num(x, fmt="{:,}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def _ratio(before, after) -> str:
+    if not before or after is None:
+        return "-"
+    return f"{100.0 * (after - before) / before:+.2f}%"
+
+
+def render_table(r: Report) -> str:
+    lines = []
+    rows = [l for l in r.layers if l.get("eligible", True)]
+    if rows:
+        header = f"{'layer':32} {'op':6} {'params':>9} {'distinct':>17} {'f':>7} {'rel err':>8} {'u_l':>9}  note"
+        lines += [header, "-" * len(header)]
+        for l in rows:
+            name = l["name"] if len(l["name"]) <= 32 else "…" + l["name"][-31:]
+            distinct = f"{l['distinct_before']:,} -> {l['distinct_after']:,}"
+            note = "; ".join(l["reasons"]) if l["reasons"] else ""
+            lines.append(f"{name:32} {l['op_type']:6} {l['params']:>9,} {distinct:>17} "
+                         f"{_num(l.get('factor'), '{:.3g}'):>7} {l['rel_error']:>8.4f} "
+                         f"{_num(l.get('u_l'), '{:.2e}'):>9}  {note}")
+    refused = [l for l in r.layers if not l.get("eligible", True)]
+    if refused:
+        lines.append("")
+        lines.append(f"not eligible ({len(refused)}):")
+        for l in refused[:10]:
+            lines.append(f"  {l['name']} ({l['op_type']}): {'; '.join(l['reasons'])}")
+        if len(refused) > 10:
+            lines.append(f"  ... and {len(refused) - 10} more (see the JSON report)")
+    m = r.model
+    lines.append("")
+    summary = [("", "before", "after", "change"),
+               ("float params (eligible)", _num(m["params_before"]), _num(m["params_after"]),
+                _ratio(m["params_before"], m["params_after"])),
+               ("distinct weight values", _num(m["distinct_values_before"]), _num(m["distinct_values_after"]),
+                _ratio(m["distinct_values_before"], m["distinct_values_after"])),
+               ("MACs (eligible, 1 sample)", _num(m["macs_before"]), _num(m["macs_after"]),
+                _ratio(m["macs_before"], m["macs_after"])),
+               ("file bytes", _num(m["file_bytes_before"]), _num(m["file_bytes_after"]),
+                _ratio(m["file_bytes_before"], m["file_bytes_after"]))]
+    for a, b, c, d in summary:
+        lines.append(f"{a:28} {b:>16} {c:>16} {d:>9}")
+    v = r.verify
+    lines.append("")
+    if "skipped" in v:
+        lines.append(f"verify: skipped ({v['skipped']})")
+    else:
+        lines.append(f"verify: max |diff| {v['max_abs_diff']:.3g}, max relative L2 {v['max_rel_l2']:.3g} "
+                     f"(batch {v['batch']} of seeded random inputs, onnxruntime)")
+    for note in r.notes:
+        lines.append(f"note: {note}")
+    return "\n".join(lines) + "\n"

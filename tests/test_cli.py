@@ -1,0 +1,107 @@
+"""The command line: a working run, its JSON report, and user mistakes (one line, exit 2, nothing written)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+import redpp_onnx
+from redpp_onnx.cli import main
+
+from .graphs import conv_bn_relu_gemm
+
+REPORT_KEYS = {"params_before", "params_after", "pruning_ratio", "distinct_values_before",
+               "distinct_values_after", "macs_before", "macs_after", "file_bytes_before", "file_bytes_after"}
+LAYER_KEYS = {"name", "op_type", "shape", "distinct_before", "distinct_after", "bandwidth", "modes", "u_l", "reasons"}
+
+
+@pytest.fixture
+def model_path(tmp_path):
+    path = tmp_path / "in.onnx"
+    onnx.save(conv_bn_relu_gemm(), str(path))
+    return path
+
+
+def test_compress_writes_model_and_json_report(model_path, tmp_path, capsys):
+    out, rep = tmp_path / "out.onnx", tmp_path / "r.json"
+    before = model_path.read_bytes()
+    assert main(["compress", str(model_path), "-o", str(out), "--report", str(rep)]) == 0
+    assert model_path.read_bytes() == before  # the input is never modified
+    report = json.loads(rep.read_text())
+    assert REPORT_KEYS <= report["model"].keys()
+    eligible = [l for l in report["layers"] if l["eligible"]]
+    assert len(eligible) == 2 and all(LAYER_KEYS <= l.keys() for l in eligible)
+    assert report["model"]["distinct_values_after"] < report["model"]["distinct_values_before"]
+    assert report["model"]["file_bytes_after"] == out.stat().st_size
+    assert report["verify"]["max_rel_l2"] < 0.1 and "total" in report["timings"]
+    table = capsys.readouterr().out
+    assert "distinct weight values" in table and "verify: max |diff|" in table
+    m = onnx.load(str(out))
+    assert m.ir_version <= 13
+    x = np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    assert redpp_onnx.session(str(out)).run(None, {"x": x})[0].shape == (2, 10)
+
+
+def test_json_flag_prints_the_report(model_path, tmp_path, capsys):
+    assert main(["compress", str(model_path), "-o", str(tmp_path / "o.onnx"), "--json", "--no-verify"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["verify"] == {"skipped": "disabled (--no-verify)"}
+
+
+def _fails(args, capsys, fragment):
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("redpp-onnx: error:") and "\n" not in err and "Traceback" not in err
+    assert fragment in err, err
+
+
+def test_missing_input(tmp_path, capsys):
+    _fails(["compress", str(tmp_path / "nope.onnx"), "-o", str(tmp_path / "o.onnx")], capsys, "no such file")
+    assert not (tmp_path / "o.onnx").exists()
+
+
+@pytest.mark.parametrize("content", [b"not an onnx file at all \x00\xff" * 10, b""])
+def test_not_onnx(tmp_path, capsys, content):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(content)
+    _fails(["compress", str(bad), "-o", str(tmp_path / "o.onnx")], capsys, "bad.onnx")
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_truncated_model(model_path, tmp_path, capsys):
+    cut = tmp_path / "cut.onnx"
+    cut.write_bytes(model_path.read_bytes()[: model_path.stat().st_size // 2])
+    _fails(["compress", str(cut), "-o", str(tmp_path / "o.onnx")], capsys, "cut.onnx")
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_output_folder_missing(model_path, tmp_path, capsys):
+    _fails(["compress", str(model_path), "-o", str(tmp_path / "no" / "o.onnx")], capsys, "does not exist")
+
+
+def test_output_is_input(model_path, capsys):
+    before = model_path.read_bytes()
+    _fails(["compress", str(model_path), "-o", str(model_path), "--force"], capsys, "output is the input")
+    assert model_path.read_bytes() == before
+
+
+def test_existing_output_needs_force(model_path, tmp_path, capsys):
+    out = tmp_path / "o.onnx"
+    out.write_bytes(b"keep me")
+    _fails(["compress", str(model_path), "-o", str(out)], capsys, "--force")
+    assert out.read_bytes() == b"keep me"
+    assert main(["compress", str(model_path), "-o", str(out), "--force", "-q"]) == 0
+    assert out.read_bytes() != b"keep me"
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--weight-error", "-1"], "--weight-error"),
+    (["--bandwidth-factor", "0"], "--bandwidth-factor"),
+    (["--steps", "hash,prune"], "unknown step"),
+])
+def test_bad_options(model_path, tmp_path, capsys, args, fragment):
+    _fails(["compress", str(model_path), "-o", str(tmp_path / "o.onnx")] + args, capsys, fragment)
+    assert not (tmp_path / "o.onnx").exists()
