@@ -49,7 +49,7 @@ def section_hashing(data) -> list[str]:
         mrows = [r for r in rows if r["model"] == model]
         out += [f"### {model}", "",
                 f"Original top-1 on {mrows[0]['data']}: {_pct(mrows[0]['top1_original'])} % (n = {mrows[0]['n']}).", "",
-                "| setting | distinct removed % | top-1 % | drop (points) | agreement % | paired agreement % "
+                "| setting | distinct removed % | top-1 % | drop (points, + = worse) | agreement % | paired agreement % "
                 "| --codebook file | hash time s |",
                 "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for r in mrows:
@@ -62,6 +62,37 @@ def section_hashing(data) -> list[str]:
                         f"values with a {paper[2]:+.2f}-point accuracy drop; uniform int8 {paper[3]} % with "
                         f"{paper[4]:+.2f} points."]
         out.append("")
+    out += ["### What the numbers say", ""] + _hashing_findings(rows) + [""]
+    return out
+
+
+# Issue 3's targets at the default setting: (min share of distinct values removed, max top-1 drop
+# in points on the exact data, min agreement on the paired set or None).
+TARGETS = {"cifar10_resnet20.onnx": (0.975, 0.3, 0.99), "cifar10_resnet56.onnx": (0.975, 0.3, 0.99),
+           "imagenet_efficientnet_lite0.onnx": (0.995, 0.5, None)}
+
+
+def _hashing_findings(rows) -> list[str]:
+    out = []
+    for model, (min_red, max_drop, min_agree) in TARGETS.items():
+        d = next((r for r in rows if r["model"] == model and "default" in r["setting"]), None)
+        q = next((r for r in rows if r["model"] == model and "uniform" in r["setting"]), None)
+        if d is None:
+            continue
+        checks = [d["reduction"] >= min_red, d["top1_drop_points"] <= max_drop + 1e-9]
+        text = (f"- **{model}**, default: {_pct(d['reduction'])} % of distinct values removed (target "
+                f"≥ {100 * min_red:.1f}), top-1 drop {d['top1_drop_points']:+.2f} points (target ≤ {max_drop})")
+        if min_agree is not None and "paired_agreement" in d:
+            checks.append(d["paired_agreement"] >= min_agree)
+            text += f", paired agreement {_pct(d['paired_agreement'])} % (target ≥ {100 * min_agree:.0f})"
+        text += ": **" + ("meets the targets" if all(checks) else "MISSES a target") + "**."
+        if q is not None:
+            text += (f" The uniform int8 baseline removes {_pct(q['reduction'])} % with a "
+                     f"{q['top1_drop_points']:+.2f}-point drop on the same data.")
+        out.append(text)
+    out.append("- Unlike the paper's table (where uniform int8 loses 0.45-0.58 points on CIFAR ResNets), the "
+               "uniform int8 baseline matches adaptive hashing on these weights, at a similar share of distinct "
+               "values removed. Measured here; not explained by this benchmark.")
     return out
 
 

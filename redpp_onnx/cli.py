@@ -60,10 +60,25 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--codebook", action="store_true",
                    help="store hashed weights as a codebook + uint8/uint16 codes (smaller file, same outputs)")
     c.add_argument("--include-depthwise", action="store_true", help="also hash grouped and depthwise convolutions")
+    c.add_argument("--split", default="auto", choices=("auto", "all", "none"),
+                   help="with the split step: rewrite the layers predicted to be at least as fast (auto, "
+                        "default), every eligible layer (all: maximum pruning) or none (only count)")
+    c.add_argument("--tune", action="store_true",
+                   help="split auto: time each layer's two forms at conversion time instead of predicting")
+    c.add_argument("--portable", action="store_true",
+                   help="emit the split computation with standard ONNX ops only (no custom-op library needed)")
     c.add_argument("--no-verify", action="store_true", help="skip the check on seeded random inputs")
     c.add_argument("--force", action="store_true", help="overwrite the output file if it exists")
     c.add_argument("--json", action="store_true", help="print the JSON report on stdout instead of the table")
     c.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+
+    e = sub.add_parser("eval", help="top-1 / top-5 of a model on labelled data (optionally vs a reference)")
+    e.add_argument("model", help="the ONNX model to evaluate")
+    e.add_argument("--data", required=True, help="an .npz data set (the shared CIFAR/ImageNet layouts, or x/y)")
+    e.add_argument("--ref", help="a reference model (e.g. the original): agreement and logit drift too")
+    e.add_argument("--limit", type=int, help="only the first N samples")
+    e.add_argument("--batch-size", type=int, default=64)
+    e.add_argument("--json", action="store_true", help="print the result as JSON")
 
     a = sub.add_parser("analyze", help="the data-free guarantee of hashing: per-layer bounds, U, E[norm]")
     a.add_argument("input", help="the ONNX model to analyze (not modified)")
@@ -81,12 +96,14 @@ def _compress(args) -> int:
     from .compress import compress
     from .config import CompressConfig, HashConfig
     from .io import save_model
+    from .passes.split import SplitConfig
 
     config = CompressConfig(
         steps=args.steps,
         hash=HashConfig(weight_error=args.weight_error, bandwidth_factor=args.bandwidth_factor,
                         nms_radius=args.nms_radius, snap_zero=args.snap_zero, uniform_int8=args.uniform_int8,
                         include_depthwise=args.include_depthwise),
+        split=SplitConfig(mode=args.split, portable=args.portable, tune=args.tune),
         codebook=args.codebook, verify=not args.no_verify)
     src, dst = Path(args.input), Path(args.output)
     if dst.exists() and dst.resolve() == src.resolve():
@@ -109,6 +126,31 @@ def _compress(args) -> int:
     elif not args.quiet:
         sys.stdout.write(report.table())
         sys.stdout.write(f"wrote {dst}" + (f" and {args.report}" if args.report else "") + "\n")
+    return 0
+
+
+def _eval(args) -> int:
+    from .evaluate import evaluate, load_dataset
+
+    for path in [args.model, args.data] + ([args.ref] if args.ref else []):
+        if not Path(path).is_file():
+            raise RedppError(f"{path}: no such file")
+    if args.limit is not None and args.limit < 1:
+        raise RedppError(f"--limit must be >= 1, got {args.limit}")
+    try:
+        data = load_dataset(args.data, limit=args.limit)
+        result = evaluate(args.model, data, batch_size=args.batch_size, reference=args.ref)
+    except ValueError as err:
+        raise RedppError(str(err).splitlines()[0]) from None
+    if args.json:
+        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+        return 0
+    print(f"{Path(args.model).name} on {data.name} (n={result.n}): top-1 {100 * result.top1:.2f}% "
+          f"({result.top1_correct}/{result.n}), top-5 {100 * result.top5:.2f}%")
+    if args.ref:
+        print(f"{Path(args.ref).name} (reference): top-1 {100 * result.reference_top1:.2f}% "
+              f"({result.reference_top1_correct}/{result.n}); agreement {100 * result.agreement:.2f}%, "
+              f"max |logit diff| {result.max_abs_logit_diff:.3g}")
     return 0
 
 
@@ -150,6 +192,8 @@ def main(argv=None) -> int:
             return _compress(args)
         if args.command == "analyze":
             return _analyze(args)
+        if args.command == "eval":
+            return _eval(args)
     except RedppError as err:
         print(f"redpp-onnx: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR

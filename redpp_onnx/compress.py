@@ -1,4 +1,9 @@
-"""``compress(model, config) -> (ModelProto, Report)``: the library entry the CLI is a thin layer over."""
+"""``compress(model, config) -> (ModelProto, Report)``: the library entry the CLI is a thin layer over.
+
+Steps run in order (hash -> merge -> split), each a pass that returns a new model; ``--codebook``
+storage is applied last, to the hashed weights that are still plain tensors. Then the result is
+checked (onnx.checker), verified against the original in onnxruntime, and reported.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +14,11 @@ from typing import Callable, Optional, Union
 import onnx
 
 from . import __version__, io, verify
+from .analysis.layers import scan_layers
 from .config import CompressConfig
 from .errors import RedppError
-from .passes.hash import HashPass, refusal_dict
+from .passes.hash import HashPass, refusal_dict, store_codebooks
+from .passes.split import SplitPass
 from .report import Report
 
 Progress = Callable[[int, int, str], None]
@@ -33,35 +40,30 @@ def compress(model: Union[str, onnx.ModelProto], config: CompressConfig = Compre
     timings["load"] = time.perf_counter() - t0
     if file_bytes_before is None:
         file_bytes_before = len(io.serialize(model))
+    eligible_before = scan_layers(model, include_grouped=config.hash.include_depthwise)
 
-    t = time.perf_counter()
-    result = HashPass(config.hash, codebook=config.codebook, progress=progress).run(model)
-    timings["hash"] = time.perf_counter() - t
-    out = result.model
+    out, hashed, split = model, None, None
+    if "hash" in config.steps:
+        t = time.perf_counter()
+        hashed = HashPass(config.hash, progress=progress).run(out)
+        out = hashed.model
+        timings["hash"] = time.perf_counter() - t
+    if "split" in config.steps:
+        t = time.perf_counter()
+        split = SplitPass(config.split, progress=progress).run(out)
+        out = split.model
+        timings["split"] = time.perf_counter() - t
+    if config.codebook and hashed is not None:
+        hashed.model = out
+        store_codebooks(hashed)
     try:
         onnx.checker.check_model(out)
     except onnx.checker.ValidationError as err:  # a bug of ours, not the user's: say so
         raise RuntimeError(f"redpp-onnx produced an invalid model ({err}); please report it") from err
 
-    layers = [dict(dataclasses.asdict(l), eligible=True) for l in result.layers]
-    layers += [dict(refusal_dict(r), eligible=False) for r in result.refused]
-    params = sum(l.params for l in result.layers)
-    macs = [l.macs for l in result.layers]
-    macs_total = sum(macs) if macs and None not in macs else None
-    d_before = sum(l.distinct_before for l in result.layers)
-    d_after = sum(l.distinct_after for l in result.layers)
-    file_after = len(io.serialize(out))
-    summary = {
-        "params_before": params, "params_after": params,  # hashing removes no weight
-        "pruning_ratio": 0.0,
-        "distinct_values_before": d_before, "distinct_values_after": d_after,
-        "distinct_reduction": (1 - d_after / d_before) if d_before else 0.0,
-        "macs_before": macs_total, "macs_after": macs_total,
-        "file_bytes_before": file_bytes_before, "file_bytes_after": file_after,
-        "eligible_layers": len(result.layers), "refused_layers": len(result.refused),
-        "changed_layers": sum(1 for l in result.layers if l.method != "unchanged"),
-        "codebook_layers": result.codebook_layers,
-    }
+    summary, layers = _summary(eligible_before, hashed, split)
+    summary["file_bytes_before"] = file_bytes_before
+    summary["file_bytes_after"] = len(io.serialize(out))
 
     verify_info = {"skipped": "disabled (--no-verify)"}
     if config.verify:
@@ -75,9 +77,69 @@ def compress(model: Union[str, onnx.ModelProto], config: CompressConfig = Compre
         timings["verify"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t0
 
-    h = config.hash
+    report = Report(tool={"name": "redpp-onnx", "version": __version__},
+                    config=dataclasses.asdict(config), model=summary, layers=layers,
+                    verify=verify_info, timings=timings, notes=_notes(config, hashed, split), input=source)
+    return out, report
+
+
+def _summary(scan, hashed, split):
+    """The report's ``model`` numbers and ``layers`` rows, one row per eligible layer."""
+    rows = {l.node: {"name": l.node, "op_type": l.op_type, "weight": l.weight, "shape": list(l.weight_shape),
+                     "params": l.params, "macs": l.macs, "eligible": True, "reasons": []}
+            for l in scan.layers}
+    if hashed is not None:
+        for h in hashed.layers:
+            rows[h.name].update({k: v for k, v in dataclasses.asdict(h).items() if k != "reasons"})
+            rows[h.name]["reasons"] += h.reasons
+    if split is not None:
+        for s in split.layers:
+            d = dataclasses.asdict(s)
+            rows[s.name]["split"] = {k: d[k] for k in (
+                "decision", "params_before", "params_after", "kernels_total", "kernels_unique", "kernels_zero",
+                "index_bytes", "macs_dense", "products", "additions", "predicted_ratio", "fused")}
+            rows[s.name]["reasons"] += s.reasons
+    layers = list(rows.values()) + [dict(refusal_dict(r), eligible=False) for r in scan.refused]
+
+    params = sum(l.params for l in scan.layers)
+    removed = sum(s.params_removed for s in split.layers if s.decision == "split") if split else 0
+    removable = sum(s.params_removed for s in split.layers) if split else 0
+    macs = [l.macs for l in scan.layers]
+    macs_total = sum(macs) if macs and None not in macs else None
+    macs_after = macs_total
+    additions = None
+    if split is not None and macs_total is not None:
+        done = [s for s in split.layers if s.decision == "split"]
+        if all(s.products is not None for s in done):
+            macs_after = macs_total - sum(s.macs_dense - s.products for s in done)
+            additions = sum(s.additions for s in done)
+    summary = {
+        "params_before": params, "params_after": params - removed,
+        "pruning_ratio": removed / params if params else 0.0,
+        "macs_before": macs_total, "macs_after": macs_after, "split_additions": additions,
+        "eligible_layers": len(scan.layers), "refused_layers": len(scan.refused),
+    }
+    if hashed is not None:
+        d_before = sum(l.distinct_before for l in hashed.layers)
+        d_after = sum(l.distinct_after for l in hashed.layers)
+        summary.update({
+            "distinct_values_before": d_before, "distinct_values_after": d_after,
+            "distinct_reduction": (1 - d_after / d_before) if d_before else 0.0,
+            "changed_layers": sum(1 for l in hashed.layers if l.method != "unchanged"),
+            "codebook_layers": hashed.codebook_layers})
+    if split is not None:
+        summary.update({
+            "split_layers": sum(1 for s in split.layers if s.decision == "split"),
+            "split_candidates": len(split.layers),
+            "split_pruning_ratio_if_all": removable / params if params else 0.0,
+            "index_bytes": sum(s.index_bytes for s in split.layers if s.decision == "split")})
+    return summary, layers
+
+
+def _notes(config, hashed, split) -> list:
     notes = []
-    if summary["changed_layers"]:
+    h = config.hash
+    if hashed is not None and any(l.method != "unchanged" for l in hashed.layers):
         if h.uniform_int8:
             notes.append("weights are uniform int8 quantize-dequantized (baseline): the function changes")
         else:
@@ -85,9 +147,11 @@ def compress(model: Union[str, onnx.ModelProto], config: CompressConfig = Compre
                       else f"per-layer relative weight error <= {h.weight_error:g}")
             notes.append(f"hashing changes the function: every weight moves to the mode of its KDE cell "
                          f"({budget}); 'analyze' bounds the effect on the logits, data-free")
-    else:
+    if split is not None:
+        n = sum(1 for s in split.layers if s.decision == "split")
+        form = "standard ONNX ops (--portable)" if config.split.portable else "ai.redpp::SplitConv"
+        notes.append(f"split: {n} of {len(split.layers)} Conv layers rewritten as {form} (exact: same "
+                     f"function up to float summation order); the others are kept, each with its reason")
+    if not notes:
         notes.append("no layer was changed: the output computes exactly what the input does")
-    report = Report(tool={"name": "redpp-onnx", "version": __version__},
-                    config=dataclasses.asdict(config), model=summary, layers=layers,
-                    verify=verify_info, timings=timings, notes=notes, input=source)
-    return out, report
+    return notes

@@ -7,9 +7,10 @@ import math
 from typing import Optional
 
 from .errors import RedppError
+from .passes.split import SplitConfig
 
 STEPS = ("hash", "merge", "split")
-AVAILABLE_STEPS = ("hash",)  # merge and split come with their passes
+AVAILABLE_STEPS = ("hash", "split")  # merge comes with its pass
 
 
 def _positive(name: str, value: float, allow_zero: bool = False) -> None:
@@ -39,6 +40,7 @@ class HashConfig:
 class CompressConfig:
     steps: tuple = ("hash",)
     hash: HashConfig = HashConfig()
+    split: SplitConfig = SplitConfig()
     codebook: bool = False      # store hashed weights as codebook + uint8/16 codes + Gather
     verify: bool = True         # seeded random inputs through the original and the output
     verify_batch: int = 2

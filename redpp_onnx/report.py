@@ -67,16 +67,29 @@ def _ratio(before, after) -> str:
 def render_table(r: Report) -> str:
     lines = []
     rows = [l for l in r.layers if l.get("eligible", True)]
-    if rows:
+    if rows and any("distinct_before" in l for l in rows):
         header = f"{'layer':32} {'op':6} {'params':>9} {'distinct':>17} {'f':>7} {'rel err':>8} {'u_l':>9}  note"
         lines += [header, "-" * len(header)]
-        for l in rows:
+        for l in (l for l in rows if "distinct_before" in l):
             name = l["name"] if len(l["name"]) <= 32 else "…" + l["name"][-31:]
             distinct = f"{l['distinct_before']:,} -> {l['distinct_after']:,}"
-            note = "; ".join(l["reasons"]) if l["reasons"] else ""
+            note = "; ".join(x for x in l["reasons"] if not x.startswith(("kept as Conv", "--split")))
             lines.append(f"{name:32} {l['op_type']:6} {l['params']:>9,} {distinct:>17} "
                          f"{_num(l.get('factor'), '{:.3g}'):>7} {l['rel_error']:>8.4f} "
                          f"{_num(l.get('u_l'), '{:.2e}'):>9}  {note}")
+    split_rows = [l for l in rows if "split" in l]
+    if split_rows:
+        header = f"{'split':32} {'decision':8} {'kernels kept':>17} {'zero':>6} {'params':>17} {'ratio':>6}  fused / reason"
+        lines += ["", header, "-" * len(header)]
+        for l in split_rows:
+            sp = l["split"]
+            name = l["name"] if len(l["name"]) <= 32 else "…" + l["name"][-31:]
+            kept = f"{sp['kernels_unique']:,}/{sp['kernels_total']:,}"
+            params = f"{sp['params_before']:,} -> {sp['params_after']:,}"
+            why = "+".join(sp["fused"]) if sp["decision"] == "split" else "; ".join(
+                x for x in l["reasons"] if x.startswith(("kept", "--split", "auto_pad", "1-D", "3-D")))
+            lines.append(f"{name:32} {sp['decision']:8} {kept:>17} {sp['kernels_zero']:>6,} {params:>17} "
+                         f"{_num(sp.get('predicted_ratio'), '{:.2f}'):>6}  {why}")
     refused = [l for l in r.layers if not l.get("eligible", True)]
     if refused:
         lines.append("")
@@ -90,8 +103,8 @@ def render_table(r: Report) -> str:
     summary = [("", "before", "after", "change"),
                ("float params (eligible)", _num(m["params_before"]), _num(m["params_after"]),
                 _ratio(m["params_before"], m["params_after"])),
-               ("distinct weight values", _num(m["distinct_values_before"]), _num(m["distinct_values_after"]),
-                _ratio(m["distinct_values_before"], m["distinct_values_after"])),
+               ("distinct weight values", _num(m.get("distinct_values_before")), _num(m.get("distinct_values_after")),
+                _ratio(m.get("distinct_values_before"), m.get("distinct_values_after"))),
                ("MACs (eligible, 1 sample)", _num(m["macs_before"]), _num(m["macs_after"]),
                 _ratio(m["macs_before"], m["macs_after"])),
                ("file bytes", _num(m["file_bytes_before"]), _num(m["file_bytes_after"]),

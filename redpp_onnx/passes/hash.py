@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..analysis.layers import ConstantTensors, Layer, Refusal, scan_layers
+from ..analysis.layers import ConstantTensors, Refusal, scan_layers
 from ..config import HashConfig
 from ..hashing import hash_tensor, uniform_int8
 from .codebook import MIN_OPSET, CodebookWriter, opset_version
@@ -52,6 +52,7 @@ class HashPassResult:
     layers: list                     # LayerHash per eligible layer
     refused: list                    # Refusal per candidate that is not eligible
     codebook_layers: int = 0
+    codebooks: dict = dataclasses.field(default_factory=dict)  # weight -> (codebook, codes) of hashed layers
 
 
 class HashPass:
@@ -92,27 +93,40 @@ class HashPass:
             else:
                 consts.proto(layer.weight).CopyFrom(numpy_helper.from_array(res.hashed.astype(np.float32),
                                                                             layer.weight))
-                if self.codebook:
-                    codebooks.append((layer, res))
+                codebooks.append((layer, res))
             row.seconds = time.perf_counter() - t0
             stats.append(row)
         if self.progress:
             self.progress(len(scan.layers), len(scan.layers), "")
-        if codebooks and opset_version(out) < MIN_OPSET:
-            for row in stats:
-                row.reasons.append(f"codebook storage needs opset >= {MIN_OPSET}; weights stored plainly")
-            codebooks = []
-        by_name = {row.weight: row for row in stats}
-        writer = CodebookWriter(out.graph)
-        for layer, res in codebooks:
-            by_name[layer.weight].code_bits = _to_codebook(out, writer, layer, res.codebook, res.codes)
-        return HashPassResult(out, stats, list(scan.refused), len(codebooks))
+        result = HashPassResult(out, stats, list(scan.refused),
+                                codebooks={l.weight: (r.codebook, r.codes) for l, r in codebooks})
+        if self.codebook:
+            store_codebooks(result)
+        return result
 
 
-def _to_codebook(model: onnx.ModelProto, writer: CodebookWriter, layer: Layer, codebook: np.ndarray,
+def store_codebooks(result: HashPassResult) -> None:
+    """Store each hashed weight that is still a plain constant of ``result.model`` as a codebook
+    and bit-packed codes (in place). Run it last: later passes need plain constant weights."""
+    model = result.model
+    rows = {row.weight: row for row in result.layers}
+    present = {t.name for t in model.graph.initializer} | {
+        n.output[0] for n in model.graph.node if n.op_type == "Constant" and len(n.output) == 1}
+    todo = [w for w in result.codebooks if w in present]
+    if todo and opset_version(model) < MIN_OPSET:
+        for w in todo:
+            rows[w].reasons.append(f"codebook storage needs opset >= {MIN_OPSET}; weights stored plainly")
+        return
+    writer = CodebookWriter(model.graph)
+    for w in todo:
+        codebook, codes = result.codebooks[w]
+        rows[w].code_bits = _to_codebook(model, writer, w, codebook, codes)
+    result.codebook_layers = len(todo)
+
+
+def _to_codebook(model: onnx.ModelProto, writer: CodebookWriter, name: str, codebook: np.ndarray,
                  codes: np.ndarray) -> int:
-    """Replace the constant ``layer.weight`` by its codebook decoder; returns bits per weight."""
-    name = layer.weight
+    """Replace the constant ``name`` by its codebook decoder; returns bits per weight."""
     graph = model.graph
     for i, t in enumerate(graph.initializer):
         if t.name == name:

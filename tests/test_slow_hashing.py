@@ -1,0 +1,38 @@
+"""Issue 3's accuracy targets on a real model, end to end through the CLI (slow: ../shared/bench)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from redpp_onnx.cli import main
+from redpp_onnx.evaluate import evaluate, load_dataset
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "bench"
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared data not found at {SHARED}")]
+
+
+def test_resnet20_default_hashing_keeps_accuracy(tmp_path):
+    src, out, rep = SHARED / "cifar10_resnet20.onnx", tmp_path / "h.onnx", tmp_path / "r.json"
+    assert main(["compress", str(src), "-o", str(out), "--report", str(rep), "-q"]) == 0
+    report = json.loads(rep.read_text())
+    assert report["model"]["distinct_reduction"] >= 0.975
+    assert report["verify"]["max_rel_l2"] < 0.05
+    exact = evaluate(out, load_dataset(SHARED / "cifar10_test_exact1017.npz"), reference=src)
+    assert exact.reference_top1_correct - exact.top1_correct <= 3  # 0.3 points of 1,017 images
+    paired = evaluate(out, load_dataset(SHARED / "cifar10_test_jpeg10k.npz"), reference=src)
+    assert paired.agreement >= 0.99
+
+
+def test_resnet20_codebook_matches_hashing_and_shrinks_the_file(tmp_path):
+    src = SHARED / "cifar10_resnet20.onnx"
+    plain, packed = tmp_path / "h.onnx", tmp_path / "c.onnx"
+    for path, extra in ((plain, []), (packed, ["--codebook"])):
+        assert main(["compress", str(src), "-o", str(path), "--weight-error", "0.02", "--no-verify", "-q"] + extra) == 0
+    data = load_dataset(SHARED / "cifar10_test_exact1017.npz", limit=256)
+    result = evaluate(packed, data, reference=plain)
+    assert result.max_abs_logit_diff == 0.0
+    assert src.stat().st_size / packed.stat().st_size >= 3.5
