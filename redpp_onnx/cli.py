@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "default), every eligible layer (all: maximum pruning) or none (only count)")
     c.add_argument("--tune", action="store_true",
                    help="split auto: time each layer's two forms at conversion time instead of predicting")
+    c.add_argument("--split-tolerance", type=float, default=0.0, metavar="EPS",
+                   help="relaxed split: per layer, merge each input channel's kernels closer than a distance "
+                        "chosen so that ||W'-W||/||W|| <= EPS (changes the function; default 0 = exact)")
     c.add_argument("--portable", action="store_true",
                    help="emit the split computation with standard ONNX ops only (no custom-op library needed)")
     c.add_argument("--no-verify", action="store_true", help="skip the check on seeded random inputs")
@@ -103,7 +106,7 @@ def _compress(args) -> int:
         hash=HashConfig(weight_error=args.weight_error, bandwidth_factor=args.bandwidth_factor,
                         nms_radius=args.nms_radius, snap_zero=args.snap_zero, uniform_int8=args.uniform_int8,
                         include_depthwise=args.include_depthwise),
-        split=SplitConfig(mode=args.split, portable=args.portable, tune=args.tune),
+        split=SplitConfig(mode=args.split, portable=args.portable, tune=args.tune, tolerance=args.split_tolerance),
         codebook=args.codebook, verify=not args.no_verify)
     src, dst = Path(args.input), Path(args.output)
     if dst.exists() and dst.resolve() == src.resolve():

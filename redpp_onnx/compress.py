@@ -61,7 +61,7 @@ def compress(model: Union[str, onnx.ModelProto], config: CompressConfig = Compre
     except onnx.checker.ValidationError as err:  # a bug of ours, not the user's: say so
         raise RuntimeError(f"redpp-onnx produced an invalid model ({err}); please report it") from err
 
-    summary, layers = _summary(eligible_before, hashed, split)
+    summary, layers = _summary(eligible_before, hashed, split, config.split.tolerance)
     summary["file_bytes_before"] = file_bytes_before
     summary["file_bytes_after"] = len(io.serialize(out))
 
@@ -83,7 +83,7 @@ def compress(model: Union[str, onnx.ModelProto], config: CompressConfig = Compre
     return out, report
 
 
-def _summary(scan, hashed, split):
+def _summary(scan, hashed, split, config_tolerance):
     """The report's ``model`` numbers and ``layers`` rows, one row per eligible layer."""
     rows = {l.node: {"name": l.node, "op_type": l.op_type, "weight": l.weight, "shape": list(l.weight_shape),
                      "params": l.params, "macs": l.macs, "eligible": True, "reasons": []}
@@ -103,7 +103,7 @@ def _summary(scan, hashed, split):
 
     params = sum(l.params for l in scan.layers)
     removed = sum(s.params_removed for s in split.layers if s.decision == "split") if split else 0
-    removable = sum(s.params_removed for s in split.layers) if split else 0
+    removable = sum(s.params_removed for s in split.layers if s.decision != "counted") if split else 0
     macs = [l.macs for l in scan.layers]
     macs_total = sum(macs) if macs and None not in macs else None
     macs_after = macs_total
@@ -132,6 +132,8 @@ def _summary(scan, hashed, split):
             "split_layers": sum(1 for s in split.layers if s.decision == "split"),
             "split_candidates": len(split.layers),
             "split_pruning_ratio_if_all": removable / params if params else 0.0,
+            "split_tolerance": config_tolerance,
+            "split_relaxed_max_error": max((s.relaxed_error for s in split.layers), default=0.0),
             "index_bytes": sum(s.index_bytes for s in split.layers if s.decision == "split")})
     return summary, layers
 
@@ -148,10 +150,14 @@ def _notes(config, hashed, split) -> list:
             notes.append(f"hashing changes the function: every weight moves to the mode of its KDE cell "
                          f"({budget}); 'analyze' bounds the effect on the logits, data-free")
     if split is not None:
-        n = sum(1 for s in split.layers if s.decision == "split")
+        convs = [s for s in split.layers if s.decision != "counted"]
+        n = sum(1 for s in convs if s.decision == "split")
         form = "standard ONNX ops (--portable)" if config.split.portable else "ai.redpp::SplitConv"
-        notes.append(f"split: {n} of {len(split.layers)} Conv layers rewritten as {form} (exact: same "
-                     f"function up to float summation order); the others are kept, each with its reason")
+        exact = ("exact: same function up to float summation order" if not config.split.tolerance else
+                 f"RELAXED: kernels closer than a per-layer distance replaced by their mean, relative weight "
+                 f"error <= {config.split.tolerance:g} per layer: the function changes")
+        notes.append(f"split: {n} of {len(convs)} Conv layers rewritten as {form} ({exact}); the others are "
+                     f"kept, each with its reason")
     if not notes:
         notes.append("no layer was changed: the output computes exactly what the input does")
     return notes

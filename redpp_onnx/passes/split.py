@@ -28,6 +28,7 @@ from onnx import helper, numpy_helper
 from ..analysis.layers import ConstantTensors, node_names, scan_layers, static_shapes
 from ..ops import onnx_schema, packing
 from . import split_cost
+from .relax import relax_kernels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,12 +37,15 @@ class SplitConfig:
     portable: bool = False     # standard ONNX ops instead of SplitConv
     tune: bool = False         # auto: measure each layer instead of predicting
     fuse: bool = True          # fold a following BatchNormalization / Relu / Clip
+    tolerance: float = 0.0     # relaxed split: budget on ‖W'−W‖/‖W‖ per layer (0 = exact)
 
     def __post_init__(self):
-        if self.mode not in ("auto", "all", "none"):
-            from ..errors import RedppError
+        from ..errors import RedppError
 
+        if self.mode not in ("auto", "all", "none"):
             raise RedppError(f"--split must be auto, all or none, got {self.mode!r}")
+        if not (0 <= self.tolerance < 1):
+            raise RedppError(f"--split-tolerance must be in [0, 1), got {self.tolerance!r}")
 
 
 @dataclasses.dataclass
@@ -61,6 +65,7 @@ class LayerSplit:
     products: Optional[int]          # sum_c k_c*kh*kw*H'W' multiply-adds
     additions: Optional[int]         # nnz(idx)*H'W'
     predicted_ratio: Optional[float] = None   # SplitConv / Conv time (cost model or measured)
+    relaxed_error: float = 0.0       # relaxed split: ‖W'−W‖/‖W‖ reached (0: exact)
     decision: str = "kept"           # split | kept
     fused: list = dataclasses.field(default_factory=list)
     reasons: list = dataclasses.field(default_factory=list)
@@ -139,9 +144,14 @@ class SplitPass:
             self.progress(len(conv_layers), len(conv_layers), "")
         if plans:
             _apply(out, plans, portable=self.config.portable)
+        for layer in scan.layers:
+            if layer.op_type in ("Gemm", "MatMul"):
+                rows.append(_count_dense(layer, consts.array(layer.weight)))
         return SplitPassResult(out, rows, list(scan.refused))
 
     def _plan(self, layer, node, w, shapes, consts, consumers, graph_outputs, model):
+        relaxed = relax_kernels(w, self.config.tolerance)
+        w = relaxed.weight
         split = packing.pack(w)
         c_out, c_in = w.shape[:2]
         kshape = tuple(w.shape[2:])
@@ -157,6 +167,7 @@ class SplitPass:
             int(w.size) * pixels if pixels else None,
             int(split.kernels.shape[0]) * taps * pixels if pixels else None,
             nnz * pixels if pixels else None)
+        row.relaxed_error = relaxed.rel_error
         if len(kshape) not in (1, 2):
             row.reasons.append(f"{len(kshape)}-D convolution: SplitConv handles 1-D and 2-D")
             return row, None
@@ -190,6 +201,22 @@ class SplitPass:
         row.fused = fusion.describe()
         bias = consts.array(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         return row, _Plan(node, split, bias, strides, pads, dilations, fusion, layer.weight)
+
+
+def _count_dense(layer, w: np.ndarray) -> LayerSplit:
+    """What splitting a Gemm/MatMul would prune (counted, not emitted: on a CPU the additions stay
+    and a gain is unlikely, METHOD.md step 3). Its "kernels" are scalars: per input feature, the
+    distinct non-zero weights over the outputs."""
+    wt = w.T if (layer.op_type == "Gemm" and layer.trans_b) else w   # [in, out]
+    n_in, n_out = wt.shape
+    kept = zero = 0
+    for row in wt:
+        nz = row[row != 0]
+        zero += n_out - nz.size
+        kept += np.unique(nz).size
+    return LayerSplit(layer.node, layer.weight, tuple(w.shape), int(w.size), kept, int(w.size), kept, zero,
+                      0, layer.macs, kept, (int(w.size) - zero), decision="counted",
+                      reasons=["Gemm/MatMul: split counted, not emitted (additions remain: no CPU gain)"])
 
 
 @dataclasses.dataclass

@@ -103,7 +103,9 @@ def test_auto_keeps_layers_that_would_be_slower_and_says_why():
     model = conv_bn_act(shared=False)  # no sharing: SplitConv cannot win
     result = SplitPass(SplitConfig(mode="auto")).run(model)
     assert _ops(result.model) == _ops(model)
-    for layer in result.layers:
+    convs = [l for l in result.layers if l.decision != "counted"]
+    assert len(convs) == 2
+    for layer in convs:
         assert layer.decision == "kept" and layer.predicted_ratio > 0.8
         assert "kept as Conv: SplitConv predicted" in layer.reasons[0]
 
@@ -140,3 +142,43 @@ def test_fusion_stops_at_a_tensor_with_two_consumers():
     assert result.layers[0].fused == ["BatchNormalization"]
     assert "Relu" in _ops(result.model)
     assert _rel(_run(result.model, X), _run(model, X)) <= TOL
+
+
+def test_gemm_is_counted_not_emitted():
+    g = GraphBuilder(7)
+    h = g.node("Flatten", [g.node("GlobalAveragePool", ["x"])])
+    y = g.gemm(h, 8, 6)
+    t = next(i for i in g.inits if i.name == g.nodes[-1].input[1])
+    w = nh.to_array(t).copy()          # [out=6, in=8] with transB
+    w[:, 0] = 0.5                      # input feature 0: one distinct value for all 6 outputs
+    w[:3, 1] = 0.0                     # input feature 1: 3 zeros
+    t.CopyFrom(nh.from_array(w, t.name))
+    model = g.model(["N", 8, 4, 4], y)
+    result = SplitPass(SplitConfig(mode="all")).run(model)
+    (row,) = result.layers
+    assert row.decision == "counted" and _ops(result.model) == _ops(model)
+    assert row.kernels_zero == 3 and row.params_after == 48 - 5 - 3  # 5 repeats of 0.5, 3 zeros
+    assert "not emitted" in row.reasons[0]
+
+
+@pytest.mark.parametrize("tolerance", [0.05, 0.2])
+def test_relaxed_split_stays_within_budget_and_prunes_more(tolerance):
+    model = conv_bn_act(shared=False)
+    exact = SplitPass(SplitConfig(mode="all")).run(model)
+    relaxed = SplitPass(SplitConfig(mode="all", tolerance=tolerance)).run(model)
+    convs = [l for l in relaxed.layers if l.decision == "split"]
+    assert all(0 < l.relaxed_error <= tolerance + 1e-9 for l in convs)
+    removed = lambda r: sum(l.params_removed for l in r.layers if l.decision == "split")  # noqa: E731
+    assert removed(relaxed) > removed(exact) == 0
+    y_relaxed, y = _run(relaxed.model, X), _run(model, X)
+    assert _rel(y_relaxed, y) > 1e-4  # the function changes (the report says so)
+    # the SplitConv computes exactly the Conv of the relaxed weights
+    from redpp_onnx.passes.relax import relax_kernels
+    from redpp_onnx.analysis.layers import ConstantTensors
+    dense = onnx.ModelProto()
+    dense.CopyFrom(model)
+    consts = ConstantTensors(dense)
+    for layer in convs:
+        w = relax_kernels(consts.array(layer.weight), tolerance).weight
+        consts.proto(layer.weight).CopyFrom(nh.from_array(w, layer.weight))
+    assert _rel(y_relaxed, _run(dense, X)) <= TOL
