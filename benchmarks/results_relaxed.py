@@ -28,7 +28,7 @@ MODELS = {"cifar10_resnet20.onnx": ("cifar10_test_exact1017.npz", 256),
           "cifar10_resnet56.onnx": ("cifar10_test_exact1017.npz", 256),
           "imagenet_efficientnet_lite0.onnx": ("imagenet_sample1000_224_q95.npz", 32)}
 TOLERANCES = (0.0, 0.02, 0.05, 0.07, 0.1, 0.15)
-ALPHAS = (0.05, 0.1, 0.2)
+ALPHAS = (0.001, 0.0025, 0.005)  # larger α collapses accuracy on these weights (benchmarks/results/merge.json)
 
 
 def settings():
@@ -50,12 +50,16 @@ def main(argv=None):
     ap.add_argument("--shared", default=str(ROOT.parent / "shared" / "bench"))
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "relaxed.json"))
     ap.add_argument("--plot", default=str(ROOT / "docs" / "relaxed_curve.png"))
+    ap.add_argument("--resume", action="store_true", help="keep the rows already in --out, measure the rest")
     args = ap.parse_args(argv)
-    rows = []
+    rows = json.loads(Path(args.out).read_text())["rows"] if args.resume and Path(args.out).is_file() else []
+    done = {(r["model"], r["setting"]) for r in rows}
     for name, (data_name, batch) in MODELS.items():
         original = io.load_model(Path(args.shared) / name)
         data = load_dataset(Path(args.shared) / data_name)
         for label, kw in settings():
+            if (name, label) in done:
+                continue
             emitted, report = compress(original, CompressConfig(verify=False, **kw))
             ev = evaluate(emitted, data, batch_size=batch, reference=original)
             m = report.model

@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("input", help="the ONNX model to compress")
     c.add_argument("-o", "--output", required=True, help="where to write the compressed model")
     c.add_argument("--report", help="also write the report as JSON to this file")
-    c.add_argument("--steps", type=_steps, default=("hash",), help="comma-separated steps (default: hash)")
+    c.add_argument("--steps", type=_steps, default=("hash", "merge", "split"),
+                   help="comma-separated steps (default: hash,merge,split)")
     c.add_argument("--weight-error", type=float, default=0.01, metavar="EPS",
                    help="per-layer budget on ||W~ - W|| / ||W|| that chooses the bandwidth (default 0.01)")
     c.add_argument("--bandwidth-factor", type=float, metavar="F",
@@ -60,6 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--codebook", action="store_true",
                    help="store hashed weights as a codebook + uint8/uint16 codes (smaller file, same outputs)")
     c.add_argument("--include-depthwise", action="store_true", help="also hash grouped and depthwise convolutions")
+    c.add_argument("--alpha", type=float, default=0.0,
+                   help="merge: 0 merges identical neurons only (exact, default); > 0 merges neurons closer than "
+                        "the α-percentile of their distances into barycenters (changes the function)")
+    c.add_argument("--merge-strategy", default="per_block", choices=("per_block", "uniform"),
+                   help="per-layer α: per_block (paper's appendix: 2α-1 / α / 2α by thirds) or uniform")
+    c.add_argument("--calibrate", metavar="DATA.npz",
+                   help="DATA-DRIVEN: choose the largest merge α whose top-1 drop on this data stays within --max-drop")
+    c.add_argument("--max-drop", type=float, default=0.3, metavar="POINTS", help="for --calibrate (default 0.3)")
     c.add_argument("--split", default="auto", choices=("auto", "all", "none"),
                    help="with the split step: rewrite the layers predicted to be at least as fast (auto, "
                         "default), every eligible layer (all: maximum pruning) or none (only count)")
@@ -97,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _compress(args) -> int:
     from .compress import compress
-    from .config import CompressConfig, HashConfig
+    from .config import CompressConfig, HashConfig, MergeConfig
     from .io import save_model
     from .passes.split import SplitConfig
 
@@ -106,6 +115,8 @@ def _compress(args) -> int:
         hash=HashConfig(weight_error=args.weight_error, bandwidth_factor=args.bandwidth_factor,
                         nms_radius=args.nms_radius, snap_zero=args.snap_zero, uniform_int8=args.uniform_int8,
                         include_depthwise=args.include_depthwise),
+        merge=MergeConfig(alpha=args.alpha, strategy=args.merge_strategy),
+        calibrate=args.calibrate, max_drop=args.max_drop,
         split=SplitConfig(mode=args.split, portable=args.portable, tune=args.tune, tolerance=args.split_tolerance),
         codebook=args.codebook, verify=not args.no_verify)
     src, dst = Path(args.input), Path(args.output)
@@ -117,6 +128,8 @@ def _compress(args) -> int:
         raise RedppError(f"{dst}: the folder {dst.parent} does not exist")
     if args.report and not Path(args.report).parent.is_dir():
         raise RedppError(f"{args.report}: the folder {Path(args.report).parent} does not exist")
+    if args.calibrate and not Path(args.calibrate).is_file():
+        raise RedppError(f"{args.calibrate}: no such file")
     file_before = src.stat().st_size if src.is_file() else None
     model, report = compress(src, config, progress=_Progress("hashing", not args.quiet),
                              file_bytes_before=file_before)

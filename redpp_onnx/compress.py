@@ -18,6 +18,7 @@ from .analysis.layers import scan_layers
 from .config import CompressConfig
 from .errors import RedppError
 from .passes.hash import HashPass, refusal_dict, store_codebooks
+from .passes.merge import MergePass, calibrate
 from .passes.split import SplitPass
 from .report import Report
 
@@ -42,12 +43,25 @@ def compress(model: Union[str, onnx.ModelProto], config: CompressConfig = Compre
         file_bytes_before = len(io.serialize(model))
     eligible_before = scan_layers(model, include_grouped=config.hash.include_depthwise)
 
-    out, hashed, split = model, None, None
+    out, hashed, merged, split, calibration = model, None, None, None, None
     if "hash" in config.steps:
         t = time.perf_counter()
         hashed = HashPass(config.hash, progress=progress).run(out)
         out = hashed.model
         timings["hash"] = time.perf_counter() - t
+    if "merge" in config.steps:
+        t = time.perf_counter()
+        merge_config = config.merge
+        if config.calibrate:
+            try:
+                calibration = calibrate(out, config.calibrate, config.max_drop, strategy=merge_config.strategy)
+            except ValueError as err:  # a data set the evaluator cannot read
+                raise RedppError(str(err).splitlines()[0]) from None
+            merge_config = dataclasses.replace(merge_config, alpha=calibration.alpha)
+            timings["calibrate"] = time.perf_counter() - t
+        merged = MergePass(merge_config).run(out)
+        out = merged.model
+        timings["merge"] = time.perf_counter() - t
     if "split" in config.steps:
         t = time.perf_counter()
         split = SplitPass(config.split, progress=progress).run(out)
@@ -61,7 +75,7 @@ def compress(model: Union[str, onnx.ModelProto], config: CompressConfig = Compre
     except onnx.checker.ValidationError as err:  # a bug of ours, not the user's: say so
         raise RuntimeError(f"redpp-onnx produced an invalid model ({err}); please report it") from err
 
-    summary, layers = _summary(eligible_before, hashed, split, config.split.tolerance)
+    summary, layers = _summary(eligible_before, hashed, merged, split, config.split.tolerance)
     summary["file_bytes_before"] = file_bytes_before
     summary["file_bytes_after"] = len(io.serialize(out))
 
@@ -79,11 +93,14 @@ def compress(model: Union[str, onnx.ModelProto], config: CompressConfig = Compre
 
     report = Report(tool={"name": "redpp-onnx", "version": __version__},
                     config=dataclasses.asdict(config), model=summary, layers=layers,
-                    verify=verify_info, timings=timings, notes=_notes(config, hashed, split), input=source)
+                    verify=verify_info, timings=timings, notes=_notes(config, hashed, merged, split, calibration),
+                    input=source,
+                    merge_groups=[dataclasses.asdict(g) for g in merged.groups] if merged else None,
+                    calibration=dataclasses.asdict(calibration) if calibration else None)
     return out, report
 
 
-def _summary(scan, hashed, split, config_tolerance):
+def _summary(scan, hashed, merged, split, config_tolerance):
     """The report's ``model`` numbers and ``layers`` rows, one row per eligible layer."""
     rows = {l.node: {"name": l.node, "op_type": l.op_type, "weight": l.weight, "shape": list(l.weight_shape),
                      "params": l.params, "macs": l.macs, "eligible": True, "reasons": []}
@@ -92,6 +109,11 @@ def _summary(scan, hashed, split, config_tolerance):
         for h in hashed.layers:
             rows[h.name].update({k: v for k, v in dataclasses.asdict(h).items() if k != "reasons"})
             rows[h.name]["reasons"] += h.reasons
+    if merged is not None:
+        for m in merged.layers:
+            if m.name in rows:
+                rows[m.name]["merge"] = {k: v for k, v in dataclasses.asdict(m).items() if k != "reasons"}
+                rows[m.name]["reasons"] += m.reasons
     if split is not None:
         for s in split.layers:
             d = dataclasses.asdict(s)
@@ -102,8 +124,10 @@ def _summary(scan, hashed, split, config_tolerance):
     layers = list(rows.values()) + [dict(refusal_dict(r), eligible=False) for r in scan.refused]
 
     params = sum(l.params for l in scan.layers)
-    removed = sum(s.params_removed for s in split.layers if s.decision == "split") if split else 0
-    removable = sum(s.params_removed for s in split.layers if s.decision != "counted") if split else 0
+    merge_removed = merged.params_before - merged.params_after if merged else 0
+    removed = merge_removed + (sum(s.params_removed for s in split.layers if s.decision == "split") if split else 0)
+    removable = merge_removed + (sum(s.params_removed for s in split.layers if s.decision != "counted")
+                                 if split else 0)
     macs = [l.macs for l in scan.layers]
     macs_total = sum(macs) if macs and None not in macs else None
     macs_after = macs_total
@@ -119,6 +143,11 @@ def _summary(scan, hashed, split, config_tolerance):
         "macs_before": macs_total, "macs_after": macs_after, "split_additions": additions,
         "eligible_layers": len(scan.layers), "refused_layers": len(scan.refused),
     }
+    if merged is not None:
+        summary.update({"merge_params_removed": merge_removed, "merge_channels_removed": merged.channels_removed,
+                        "merge_other_params_removed": merged.other_params_removed,
+                        "merge_pruning_ratio": merge_removed / params if params else 0.0,
+                        "merge_alpha": merged.config.alpha, "merge_strategy": merged.config.strategy})
     if hashed is not None:
         d_before = sum(l.distinct_before for l in hashed.layers)
         d_after = sum(l.distinct_after for l in hashed.layers)
@@ -138,7 +167,7 @@ def _summary(scan, hashed, split, config_tolerance):
     return summary, layers
 
 
-def _notes(config, hashed, split) -> list:
+def _notes(config, hashed, merged, split, calibration) -> list:
     notes = []
     h = config.hash
     if hashed is not None and any(l.method != "unchanged" for l in hashed.layers):
@@ -149,6 +178,11 @@ def _notes(config, hashed, split) -> list:
                       else f"per-layer relative weight error <= {h.weight_error:g}")
             notes.append(f"hashing changes the function: every weight moves to the mode of its KDE cell "
                          f"({budget}); 'analyze' bounds the effect on the logits, data-free")
+    if merged is not None:
+        notes += list(merged.notes)
+    if calibration is not None:
+        notes.append(f"DATA-DRIVEN: merge α = {calibration.alpha:g} was chosen on {calibration.data} "
+                     f"(largest α within a {calibration.max_drop_points:g}-point top-1 drop); the rest is data-free")
     if split is not None:
         convs = [s for s in split.layers if s.decision != "counted"]
         n = sum(1 for s in convs if s.decision == "split")
@@ -158,6 +192,9 @@ def _notes(config, hashed, split) -> list:
                  f"error <= {config.split.tolerance:g} per layer: the function changes")
         notes.append(f"split: {n} of {len(convs)} Conv layers rewritten as {form} ({exact}); the others are "
                      f"kept, each with its reason")
-    if not notes:
-        notes.append("no layer was changed: the output computes exactly what the input does")
+    changed = ((hashed is not None and any(l.method != "unchanged" for l in hashed.layers))
+               or (merged is not None and merged.params_after < merged.params_before)
+               or (split is not None and any(s.decision == "split" for s in split.layers)))
+    if not changed:
+        notes.insert(0, "no layer was changed: the output computes exactly what the input does")
     return notes

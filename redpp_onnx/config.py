@@ -7,10 +7,11 @@ import math
 from typing import Optional
 
 from .errors import RedppError
+from .passes.merge import STRATEGIES, MergeConfig  # noqa: F401  (re-exported)
 from .passes.split import SplitConfig
 
 STEPS = ("hash", "merge", "split")
-AVAILABLE_STEPS = ("hash", "split")  # merge comes with its pass
+AVAILABLE_STEPS = STEPS
 
 
 def _positive(name: str, value: float, allow_zero: bool = False) -> None:
@@ -38,9 +39,12 @@ class HashConfig:
 
 @dataclasses.dataclass(frozen=True)
 class CompressConfig:
-    steps: tuple = ("hash",)
+    steps: tuple = STEPS
     hash: HashConfig = HashConfig()
+    merge: MergeConfig = MergeConfig()
     split: SplitConfig = SplitConfig()
+    calibrate: Optional[str] = None  # DATA-DRIVEN: choose merge α on this data set
+    max_drop: float = 0.3            # calibrate: largest top-1 drop allowed, in points
     codebook: bool = False      # store hashed weights as codebook + uint8/16 codes + Gather
     verify: bool = True         # seeded random inputs through the original and the output
     verify_batch: int = 2
@@ -59,6 +63,8 @@ class CompressConfig:
             raise RedppError("no step chosen (--steps)")
         if self.codebook and "hash" not in steps:
             raise RedppError("--codebook stores hashed weights: it needs the hash step")
+        if self.calibrate and "merge" not in steps:
+            raise RedppError("--calibrate chooses the merge α: it needs the merge step")
         if not isinstance(self.verify_batch, int) or self.verify_batch < 1:
             raise RedppError(f"verify batch must be >= 1, got {self.verify_batch!r}")
         object.__setattr__(self, "steps", steps)

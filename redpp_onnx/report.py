@@ -30,6 +30,8 @@ class Report:
     notes: list
     input: Optional[str] = None
     output: Optional[str] = None
+    merge_groups: Optional[list] = None   # the channel groups of the merge step
+    calibration: Optional[dict] = None    # DATA-DRIVEN α choice (--calibrate)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

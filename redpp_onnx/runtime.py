@@ -34,9 +34,11 @@ def session_options(**options) -> ort.SessionOptions:
     """``SessionOptions`` with the custom-op library registered and ``options`` applied.
 
     Every keyword must be an attribute of ``onnxruntime.SessionOptions``
-    (``intra_op_num_threads``, ``graph_optimization_level``, ``log_severity_level``...).
+    (``intra_op_num_threads``, ``graph_optimization_level``, ``log_severity_level``...). Logging
+    defaults to errors only (``log_severity_level=3``); pass ``log_severity_level=1`` for warnings.
     """
     so = ort.SessionOptions()
+    so.log_severity_level = 3  # errors only (onnxruntime warns about harmless things, e.g. unused constants)
     for key, value in options.items():
         if key.startswith("_") or not hasattr(so, key):
             raise TypeError(f"unknown onnxruntime session option {key!r}")

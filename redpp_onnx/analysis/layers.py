@@ -72,6 +72,18 @@ class ConstantTensors:
         return numpy_helper.to_array(self.proto(name))
 
 
+def iter_nodes_deep(graph: onnx.GraphProto):
+    """Every node of ``graph`` and of its subgraphs (If / Loop / Scan bodies), depth first."""
+    for node in graph.node:
+        yield node
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from iter_nodes_deep(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for g in a.graphs:
+                    yield from iter_nodes_deep(g)
+
+
 def node_names(model: onnx.ModelProto) -> list[str]:
     """A unique display name per node (its name, else ``op_type_index``)."""
     seen = defaultdict(int)

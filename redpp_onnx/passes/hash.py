@@ -52,7 +52,7 @@ class HashPassResult:
     layers: list                     # LayerHash per eligible layer
     refused: list                    # Refusal per candidate that is not eligible
     codebook_layers: int = 0
-    codebooks: dict = dataclasses.field(default_factory=dict)  # weight -> (codebook, codes) of hashed layers
+    codebooks: dict = dataclasses.field(default_factory=dict)  # weight -> (codebook, codes) as hashed
 
 
 class HashPass:
@@ -107,20 +107,23 @@ class HashPass:
 
 def store_codebooks(result: HashPassResult) -> None:
     """Store each hashed weight that is still a plain constant of ``result.model`` as a codebook
-    and bit-packed codes (in place). Run it last: later passes need plain constant weights."""
+    and bit-packed codes (in place). Run it last: later passes need plain constant weights. The
+    codebook is built from the tensor's current values (merging may have folded weights)."""
     model = result.model
     rows = {row.weight: row for row in result.layers}
-    present = {t.name for t in model.graph.initializer} | {
-        n.output[0] for n in model.graph.node if n.op_type == "Constant" and len(n.output) == 1}
-    todo = [w for w in result.codebooks if w in present]
+    consts = ConstantTensors(model)
+    todo = [w for w in result.codebooks if w in consts]
     if todo and opset_version(model) < MIN_OPSET:
         for w in todo:
             rows[w].reasons.append(f"codebook storage needs opset >= {MIN_OPSET}; weights stored plainly")
         return
     writer = CodebookWriter(model.graph)
     for w in todo:
-        codebook, codes = result.codebooks[w]
-        rows[w].code_bits = _to_codebook(model, writer, w, codebook, codes)
+        values = consts.array(w)
+        codebook, codes = np.unique(values, return_inverse=True)
+        dtype = np.uint8 if codebook.size <= 256 else np.uint16 if codebook.size <= 65536 else np.int32
+        rows[w].code_bits = _to_codebook(model, writer, w, codebook.astype(np.float32),
+                                         codes.reshape(values.shape).astype(dtype))
     result.codebook_layers = len(todo)
 
 
