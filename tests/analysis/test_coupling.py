@@ -150,6 +150,7 @@ def test_channel_pad_creates_constant_channels():
     ("grouped", "grouped Conv (group=2, 4 outputs for 4 channels) is not supported"),
     ("concat_untracked", "an input whose channels are not tracked"),
     ("graph_input", "(a graph input): a tensor whose channels are not tracked"),
+    ("subgraph", "is used inside a subgraph (If/Loop/Scan)"),
 ])
 def test_refusals_block_the_group_with_their_reason(kind, reason):
     g = DupBuilder(40)
@@ -176,6 +177,14 @@ def test_refusals_block_the_group_with_their_reason(kind, reason):
         y = g.conv_d(h, 4, 4, group=2)
     elif kind == "concat_untracked":
         y = g.node("Concat", [h, "x"], axis=1)
+    elif kind == "subgraph":  # an If branch reads h from the outer scope
+        branches = {
+            key: onnx.helper.make_graph([onnx.helper.make_node("Identity", [h], [f"{key}_out"])], key, [],
+                                        [onnx.helper.make_tensor_value_info(f"{key}_out", onnx.TensorProto.FLOAT,
+                                                                            None)])
+            for key in ("then", "else")}
+        y = g.node("If", [g.const(np.array(True), "cond")], then_branch=branches["then"],
+                   else_branch=branches["else"])
     else:
         h = g.conv_d("x", 3, 3)
         y = g.node("Mul", [h, "x"])
