@@ -75,7 +75,8 @@ def compress(model: Union[str, onnx.ModelProto], config: CompressConfig = Compre
     except onnx.checker.ValidationError as err:  # a bug of ours, not the user's: say so
         raise RuntimeError(f"redpp-onnx produced an invalid model ({err}); please report it") from err
 
-    summary, layers = _summary(eligible_before, hashed, merged, split, config.split.tolerance)
+    summary, layers = _summary(eligible_before, hashed, merged, split, config.split.tolerance,
+                               scan_layers(out, include_grouped=config.hash.include_depthwise))
     summary["file_bytes_before"] = file_bytes_before
     summary["file_bytes_after"] = len(io.serialize(out))
 
@@ -100,7 +101,7 @@ def compress(model: Union[str, onnx.ModelProto], config: CompressConfig = Compre
     return out, report
 
 
-def _summary(scan, hashed, merged, split, config_tolerance):
+def _summary(scan, hashed, merged, split, config_tolerance, final_scan):
     """The report's ``model`` numbers and ``layers`` rows, one row per eligible layer."""
     rows = {l.node: {"name": l.node, "op_type": l.op_type, "weight": l.weight, "shape": list(l.weight_shape),
                      "params": l.params, "macs": l.macs, "eligible": True, "reasons": []}
@@ -130,13 +131,14 @@ def _summary(scan, hashed, merged, split, config_tolerance):
                                  if split else 0)
     macs = [l.macs for l in scan.layers]
     macs_total = sum(macs) if macs and None not in macs else None
-    macs_after = macs_total
-    additions = None
-    if split is not None and macs_total is not None:
-        done = [s for s in split.layers if s.decision == "split"]
-        if all(s.products is not None for s in done):
-            macs_after = macs_total - sum(s.macs_dense - s.products for s in done)
-            additions = sum(s.additions for s in done)
+    # After: SplitConv layers count their products (additions separately), the others their MACs
+    # in the final model (merging removes channels).
+    final = {l.node: l.macs for l in final_scan.layers}
+    done = {s.name: s for s in split.layers if s.decision == "split"} if split else {}
+    after = [done[l.node].products if l.node in done else final.get(l.node) for l in scan.layers]
+    macs_after = sum(after) if after and None not in after else None
+    additions = sum(s.additions for s in done.values()) if done and all(
+        s.additions is not None for s in done.values()) else (0 if split is not None else None)
     summary = {
         "params_before": params, "params_after": params - removed,
         "pruning_ratio": removed / params if params else 0.0,
