@@ -86,15 +86,20 @@ def compress(model: Union[str, onnx.ModelProto], config: CompressConfig = Compre
         try:
             verify_info = verify.compare(model, out, batch=config.verify_batch, seed=config.seed).to_dict()
         except RedppError as err:
+            if str(err).startswith("onnxruntime cannot load the input model"):
+                raise
             verify_info = {"skipped": str(err)}
+        except RuntimeError:
+            raise
         except Exception as err:  # noqa: BLE001 - onnxruntime's errors have many types
-            raise RedppError(f"onnxruntime cannot run the model: {str(err).splitlines()[0]}") from None
+            raise RedppError(f"onnxruntime cannot run the model: {verify.ort_message(err)}") from None
         timings["verify"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t0
 
     report = Report(tool={"name": "redpp-onnx", "version": __version__},
                     config=dataclasses.asdict(config), model=summary, layers=layers,
-                    verify=verify_info, timings=timings, notes=_notes(config, hashed, merged, split, calibration),
+                    verify=verify_info, timings=timings,
+                    notes=_notes(config, hashed, merged, split, calibration) + _control_flow_note(model),
                     input=source,
                     merge_groups=[dataclasses.asdict(g) for g in merged.groups] if merged else None,
                     calibration=dataclasses.asdict(calibration) if calibration else None)
@@ -167,6 +172,16 @@ def _summary(scan, hashed, merged, split, config_tolerance, final_scan):
             "split_relaxed_max_error": max((s.relaxed_error for s in split.layers), default=0.0),
             "index_bytes": sum(s.index_bytes for s in split.layers if s.decision == "split")})
     return summary, layers
+
+
+def _control_flow_note(model: onnx.ModelProto) -> list:
+    nodes = [n for n in model.graph.node
+             if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute)]
+    if not nodes:
+        return []
+    kinds = ", ".join(sorted({n.op_type for n in nodes}))
+    return [f"{len(nodes)} control-flow node(s) ({kinds}): their subgraphs are left untouched, and channels "
+            "that a subgraph reads are not merged"]
 
 
 def _notes(config, hashed, merged, split, calibration) -> list:

@@ -8,6 +8,7 @@ zeros (integers), the batch axis set to ``batch``.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Optional
 
 import numpy as np
@@ -71,12 +72,26 @@ def random_inputs(model: onnx.ModelProto, batch: int = 2, seed: int = 0,
     return feeds
 
 
+def ort_message(err: Exception) -> str:
+    """onnxruntime's error text on one line, without its C++ source locations and signatures."""
+    text = " ".join(str(err).split())
+    text = re.sub(r"\S*onnxruntime_src\S*:\d+ [^(]*\([^)]*\)\s*", "", text)
+    return re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
+
+
 def compare(original: onnx.ModelProto, candidate: onnx.ModelProto, *, batch: int = 2, seed: int = 0,
             shapes: Optional[dict] = None) -> VerifyResult:
     feeds = random_inputs(original, batch, seed, shapes)
-    ref = session(io.serialize(original),
-                  graph_optimization_level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
-    new = session(io.serialize(candidate))
+    try:
+        ref = session(io.serialize(original),
+                      graph_optimization_level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    except Exception as err:  # noqa: BLE001 - onnxruntime raises many types
+        raise RedppError(f"onnxruntime cannot load the input model: {ort_message(err)}") from None
+    try:
+        new = session(io.serialize(candidate))
+    except Exception as err:  # noqa: BLE001
+        raise RuntimeError(f"redpp-onnx produced a model onnxruntime cannot load ({ort_message(err)}); "
+                           "please report it") from err
     names = [o.name for o in ref.get_outputs()]
     ref_out = ref.run(names, feeds)
     new_out = new.run(names, feeds)

@@ -105,3 +105,35 @@ def test_existing_output_needs_force(model_path, tmp_path, capsys):
 def test_bad_options(model_path, tmp_path, capsys, args, fragment):
     _fails(["compress", str(model_path), "-o", str(tmp_path / "o.onnx")] + args, capsys, fragment)
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_opset_onnxruntime_cannot_load_is_a_clear_error(tmp_path, capsys):
+    model = conv_bn_relu_gemm()
+    model.opset_import[0].version = 40
+    path = tmp_path / "future.onnx"
+    onnx.save(model, str(path))
+    _fails(["compress", str(path), "-o", str(tmp_path / "o.onnx")], capsys, "onnxruntime cannot load the input model")
+    err = capsys.readouterr().err
+    assert "onnxruntime_src" not in err
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_control_flow_is_left_untouched_and_said(tmp_path, capsys):
+    from onnx import TensorProto, helper
+
+    from .graphs import GraphBuilder
+
+    g = GraphBuilder(1)
+    h = g.conv("x", 3, 16)
+    branch = {k: helper.make_graph([helper.make_node(op, [h], [k])], k, [],
+                                   [helper.make_tensor_value_info(k, TensorProto.FLOAT, None)])
+              for k, op in (("then", "Relu"), ("else", "Sigmoid"))}
+    y = g.node("If", [g.const(np.array(True), "c")], then_branch=branch["then"], else_branch=branch["else"])
+    path = tmp_path / "cf.onnx"
+    onnx.save(g.model(["N", 3, 8, 8], y, check=False), str(path))
+    assert main(["compress", str(path), "-o", str(tmp_path / "o.onnx"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert any("control-flow node(s) (If)" in n for n in report["notes"])
+    out = onnx.load(str(tmp_path / "o.onnx"))
+    if_node = [n for n in out.graph.node if n.op_type == "If"][0]
+    assert [n.op_type for n in if_node.attribute[0].g.node] in (["Relu"], ["Sigmoid"])
