@@ -54,7 +54,10 @@ py::array_t<float> SplitConv(const Array<float>& x, const Array<float>& kernels,
   in.x = View(x);
   in.kernels = View(kernels);
   in.offsets = View(offsets);
-  in.idx = View(idx);
+  in.idx.data = idx.data();
+  in.idx.elem_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;  // numpy input converted to int32 by pybind11
+  in.idx.shape.assign(idx.shape(), idx.shape() + idx.ndim());
+  in.idx.given = true;
   if (bias) in.bias = View(*bias);
   if (scale) in.scale = View(*scale);
   if (shift) in.shift = View(*shift);
@@ -95,8 +98,12 @@ PYBIND11_MODULE(_core, m) {
     d["op_type"] = k::kOpType;
     d["version"] = k::kVersion;
     py::list inputs;
-    for (size_t i = 0; i < k::kNumInputs; ++i)
-      inputs.append(py::make_tuple(k::kInputName[i], k::kInputElemType[i], k::kInputOptional[i]));
+    for (size_t i = 0; i < k::kNumInputs; ++i) {
+      py::list types;
+      for (int t : k::kInputElemTypes[i])
+        if (t != ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED) types.append(t);
+      inputs.append(py::make_tuple(k::kInputName[i], types, k::kInputOptional[i]));
+    }
     d["inputs"] = inputs;
     py::list acts;
     for (int a = 0; a < k::kNumActivations; ++a) acts.append(k::kActivationName[a]);

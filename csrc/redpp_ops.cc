@@ -66,6 +66,22 @@ bool TryGetString(const OrtApi& api, const OrtKernelInfo* info, const char* name
   return true;
 }
 
+bool TypeAllowed(size_t input, int type) {
+  for (int t : k::kInputElemTypes[input])
+    if (t == type && t != ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED) return true;
+  return false;
+}
+
+IndexView IndexOf(const Ort::ConstValue& v) {
+  IndexView t;
+  auto info = v.GetTensorTypeAndShapeInfo();
+  t.shape = info.GetShape();
+  t.elem_type = static_cast<int>(info.GetElementType());
+  t.data = v.GetTensorRawData();
+  t.given = true;
+  return t;
+}
+
 template <typename T>
 TensorView<T> ViewOf(const Ort::ConstValue& v) {
   TensorView<T> t;
@@ -94,7 +110,7 @@ void RunTask(void* data, size_t task) {
 struct ConstantWeights {
   TensorView<float> kernels;
   TensorView<int64_t> offsets;
-  TensorView<int32_t> idx;
+  IndexView idx;
 };
 
 bool GetConstantWeights(const OrtApi& api, const OrtKernelInfo* info, ConstantWeights* out) {
@@ -108,11 +124,11 @@ bool GetConstantWeights(const OrtApi& api, const OrtKernelInfo* info, ConstantWe
     }
     if (!is_constant || values[i] == nullptr) return false;
     auto type = Ort::ConstValue(values[i]).GetTensorTypeAndShapeInfo().GetElementType();
-    if (static_cast<int>(type) != k::kInputElemType[indices[i]]) return false;  // refused by onnxruntime later
+    if (!TypeAllowed(indices[i], static_cast<int>(type))) return false;  // reported at run time
   }
   out->kernels = ViewOf<float>(Ort::ConstValue(values[0]));
   out->offsets = ViewOf<int64_t>(Ort::ConstValue(values[1]));
-  out->idx = ViewOf<int32_t>(Ort::ConstValue(values[2]));
+  out->idx = IndexOf(Ort::ConstValue(values[2]));
   return true;
 }
 
@@ -155,10 +171,10 @@ struct SplitConvKernel {
       if (!values[i]) continue;  // an omitted optional input
       if (!values[i].IsTensor()) return Invalid(std::string("SplitConv: input ") + k::kInputName[i] + " must be a tensor");
       const auto type = values[i].GetTensorTypeAndShapeInfo().GetElementType();
-      if (static_cast<int>(type) != k::kInputElemType[i])
+      if (!TypeAllowed(i, static_cast<int>(type)))
         return Invalid(std::string("SplitConv: input ") + k::kInputName[i] + " has element type " +
-                       std::to_string(static_cast<int>(type)) + ", expected " +
-                       std::to_string(k::kInputElemType[i]));
+                       std::to_string(static_cast<int>(type)) + ", which the contract does not allow" +
+                       (i == k::kInput_idx ? " (idx: int8, int16 or int32)" : ""));
     }
     for (size_t i = 0; i < k::kNumInputs; ++i)
       if (!k::kInputOptional[i] && (i >= count || !values[i]))
@@ -168,7 +184,7 @@ struct SplitConvKernel {
     in.x = ViewOf<float>(values[k::kInput_X]);
     in.kernels = ViewOf<float>(values[k::kInput_kernels]);
     in.offsets = ViewOf<int64_t>(values[k::kInput_offsets]);
-    in.idx = ViewOf<int32_t>(values[k::kInput_idx]);
+    in.idx = IndexOf(values[k::kInput_idx]);
     if (values[k::kInput_B]) in.bias = ViewOf<float>(values[k::kInput_B]);
     if (values[k::kInput_scale]) in.scale = ViewOf<float>(values[k::kInput_scale]);
     if (values[k::kInput_shift]) in.shift = ViewOf<float>(values[k::kInput_shift]);

@@ -162,7 +162,7 @@ std::string ValidateAttrs(const SplitConvAttrs& a) {
 }
 
 std::string PlanWeights(const TensorView<float>& kernels, const TensorView<int64_t>& offsets,
-                        const TensorView<int32_t>& idx, WeightPlan* plan) {
+                        const IndexView& idx, WeightPlan* plan) {
   WeightPlan& wp = *plan;
   if (!kernels.present() || !offsets.present() || !idx.present())
     return "SplitConv: inputs kernels, offsets and idx are required";
@@ -174,6 +174,20 @@ std::string PlanWeights(const TensorView<float>& kernels, const TensorView<int64
     if (ks[i] < 1) return "SplitConv: kernel spatial size must be >= 1, got kernels shape " + ShapeStr(ks);
   if (idx.shape.size() != 2 || idx.shape[0] < 0 || idx.shape[1] < 0)
     return "SplitConv: idx must have shape [C_in, C_out], got " + ShapeStr(idx.shape);
+  int32_t (*read)(const void*, int64_t) = nullptr;
+  switch (idx.elem_type) {
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8:
+      read = [](const void* p, int64_t i) -> int32_t { return static_cast<const int8_t*>(p)[i]; };
+      break;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT16:
+      read = [](const void* p, int64_t i) -> int32_t { return static_cast<const int16_t*>(p)[i]; };
+      break;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32:
+      read = [](const void* p, int64_t i) -> int32_t { return static_cast<const int32_t*>(p)[i]; };
+      break;
+    default:
+      return "SplitConv: idx must be int8, int16 or int32, got element type " + std::to_string(idx.elem_type);
+  }
   wp.c_in = idx.shape[0];
   wp.c_out = idx.shape[1];
   wp.num_kernels = ks[0];
@@ -199,7 +213,7 @@ std::string PlanWeights(const TensorView<float>& kernels, const TensorView<int64
     const int64_t kc = off[c + 1] - off[c];
     bool used = false;
     for (int64_t o = 0; o < wp.c_out; ++o) {
-      const int32_t u = idx.data[c * wp.c_out + o];
+      const int32_t u = read(idx.data, c * wp.c_out + o);
       if (u < -1 || u >= kc)
         return "SplitConv: idx[" + std::to_string(c) + ", " + std::to_string(o) + "] = " + std::to_string(u) +
                " is out of range: input channel " + std::to_string(c) + " has " + std::to_string(kc) +
@@ -238,7 +252,7 @@ std::string PlanWeights(const TensorView<float>& kernels, const TensorView<int64
     for (int64_t o = 0; o < wp.c_out; ++o) {
       for (int64_t i = wp.group_begin[g]; i < wp.group_begin[g + 1]; ++i) {
         const int64_t c = wp.channels[i];
-        const int32_t u = idx.data[c * wp.c_out + o];
+        const int32_t u = read(idx.data, c * wp.c_out + o);
         if (u < 0) continue;
         wp.rows.push_back(static_cast<int32_t>(off[c] - wp.group_base[g] + u));
         if (wp.fused) {

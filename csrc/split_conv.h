@@ -33,10 +33,20 @@ struct SplitConvAttrs {
   float clip_max = std::numeric_limits<float>::infinity();
 };
 
+// The index map, whose element type is one of the contract's (int8, int16, int32): read only
+// while the weight plan is built.
+struct IndexView {
+  const void* data = nullptr;
+  int elem_type = 0;  // ONNXTensorElementDataType
+  std::vector<int64_t> shape;
+  bool given = false;
+  bool present() const { return given; }
+};
+
 struct SplitConvInputs {
   TensorView<float> x, kernels;
   TensorView<int64_t> offsets;
-  TensorView<int32_t> idx;
+  IndexView idx;
   TensorView<float> bias, scale, shift;
 };
 
@@ -90,7 +100,7 @@ std::string ValidateAttrs(const SplitConvAttrs& attrs);
 // Validates kernels / offsets / idx against each other and builds the weight plan (which, on
 // the fused path, copies the weights: rebuild it when the kernels' values change).
 std::string PlanWeights(const TensorView<float>& kernels, const TensorView<int64_t>& offsets,
-                        const TensorView<int32_t>& idx, WeightPlan* plan);
+                        const IndexView& idx, WeightPlan* plan);
 
 // Validates X, B, scale, shift against the weight plan and the attributes.
 std::string PlanConv(const SplitConvInputs& in, const SplitConvAttrs& attrs, const WeightPlan& weights,

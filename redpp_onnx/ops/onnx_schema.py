@@ -15,7 +15,8 @@ from onnx.defs import OpSchema
 
 from . import schema
 
-_ONNX_TYPE = {"float32": "tensor(float)", "int64": "tensor(int64)", "int32": "tensor(int32)"}
+_ONNX_TYPE = {"float32": "tensor(float)", "int64": "tensor(int64)", "int32": "tensor(int32)",
+              "int16": "tensor(int16)", "int8": "tensor(int8)"}
 _ATTR_TYPE = {"ints": OpSchema.AttrType.INTS, "string": OpSchema.AttrType.STRING,
               "float": OpSchema.AttrType.FLOAT}
 
@@ -75,7 +76,7 @@ def build_schema() -> OpSchema:
         tname = f"T_{inp.name}"
         inputs.append(Param(inp.name, tname, inp.doc,
                             param_option=Option.Optional if inp.optional else Option.Single))
-        constraints.append((tname, [_ONNX_TYPE[inp.dtype]], f"type of {inp.name}"))
+        constraints.append((tname, [_ONNX_TYPE[t] for t in inp.dtypes], f"type of {inp.name}"))
     outputs = [Param(name, "T_" + name, doc) for name, _, doc in schema.OUTPUTS]
     constraints += [("T_" + name, [_ONNX_TYPE[dtype]], "output type") for name, dtype, _ in schema.OUTPUTS]
     attributes = []

@@ -56,7 +56,16 @@ def pack(weight: np.ndarray) -> SplitWeights:
             offsets[c + 1] = offsets[c]
     taps = int(np.prod(kernel_shape))
     kernels = np.concatenate(chunks, axis=0) if chunks else np.zeros((0, taps), np.float32)
-    return SplitWeights(kernels.reshape((-1,) + kernel_shape).astype(np.float32), offsets, idx)
+    return SplitWeights(kernels.reshape((-1,) + kernel_shape).astype(np.float32), offsets,
+                        idx.astype(index_dtype(int(np.diff(offsets).max(initial=0)))))
+
+
+def index_dtype(max_kernels_per_channel: int):
+    """The narrowest idx type of the contract that holds 0 .. k - 1 and -1."""
+    for dtype in (np.int8, np.int16, np.int32):
+        if max_kernels_per_channel - 1 <= np.iinfo(dtype).max:
+            return dtype
+    raise ValueError(f"{max_kernels_per_channel} kernels per input channel do not fit the index map")
 
 
 def unpack(split: SplitWeights) -> np.ndarray:

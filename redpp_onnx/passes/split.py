@@ -60,7 +60,7 @@ class LayerSplit:
     kernels_total: int               # C_in * C_out
     kernels_unique: int              # K = sum_c k_c
     kernels_zero: int                # idx == -1
-    index_bytes: int                 # idx (int32) + offsets (int64)
+    index_bytes: int                 # idx (int8/16/32) + offsets (int64)
     macs_dense: Optional[int]        # C_out*C_in*kh*kw*H'W'
     products: Optional[int]          # sum_c k_c*kh*kw*H'W' multiply-adds
     additions: Optional[int]         # nnz(idx)*H'W'
@@ -163,7 +163,7 @@ class SplitPass:
         row = LayerSplit(
             layer.node, layer.weight, tuple(w.shape), int(w.size), int(split.kernels.size),
             c_in * c_out, int(split.kernels.shape[0]), c_in * c_out - nnz,
-            int(split.idx.size * 4 + split.offsets.size * 8),
+            int(split.idx.nbytes + split.offsets.nbytes),
             int(w.size) * pixels if pixels else None,
             int(split.kernels.shape[0]) * taps * pixels if pixels else None,
             nnz * pixels if pixels else None)

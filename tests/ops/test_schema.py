@@ -22,8 +22,9 @@ def test_compiled_contract_matches_schema_py():
     assert compiled["domain"] == schema.DOMAIN == "ai.redpp"
     assert compiled["op_type"] == schema.OP_TYPE == "SplitConv"
     assert compiled["version"] == schema.VERSION == 1
-    onnx_code = {"float32": TensorProto.FLOAT, "int64": TensorProto.INT64, "int32": TensorProto.INT32}
-    assert compiled["inputs"] == [(i.name, onnx_code[i.dtype], i.optional) for i in schema.INPUTS]
+    onnx_code = {"float32": TensorProto.FLOAT, "int64": TensorProto.INT64, "int32": TensorProto.INT32,
+                 "int16": TensorProto.INT16, "int8": TensorProto.INT8}
+    assert compiled["inputs"] == [(i.name, [onnx_code[t] for t in i.dtypes], i.optional) for i in schema.INPUTS]
     assert tuple(compiled["activations"]) == schema.ACTIVATIONS
     assert _core.build_info()["ort_api_version"] >= 29
 
@@ -92,3 +93,25 @@ def test_pack_dedups_per_input_channel_and_round_trips():
 def test_session_rejects_unknown_option():
     with pytest.raises(TypeError, match="unknown onnxruntime session option"):
         redpp_onnx.session(split_conv_model(_weights()), intra_op_num_thread=1)
+
+
+def test_every_index_type_gives_the_same_result():
+    split = _weights(c_out=40)
+    assert split.idx.dtype == np.int8  # the packer picks the narrowest type
+    x = RNG.standard_normal((2, 4, 9, 9)).astype(np.float32)
+    outputs = []
+    for dtype in (np.int8, np.int16, np.int32):
+        model = split_conv_model(split, raw_inits={"idx": split.idx.astype(dtype)}, pads=[1, 1, 1, 1],
+                                 x_shape=[2, 4, 9, 9], y_shape=[2, 40, 9, 9])
+        onnx.checker.check_model(model, full_check=True)
+        outputs.append(redpp_onnx.session(model).run(None, {"X": x})[0])
+    assert np.array_equal(outputs[0], outputs[1]) and np.array_equal(outputs[0], outputs[2])
+    with pytest.raises(Exception, match="idx"):
+        redpp_onnx.session(split_conv_model(split, raw_inits={"idx": split.idx.astype(np.int64)})).run(
+            None, {"X": x})
+
+
+def test_index_dtype_boundaries():
+    assert packing.index_dtype(0) == np.int8 and packing.index_dtype(128) == np.int8
+    assert packing.index_dtype(129) == np.int16 and packing.index_dtype(32768) == np.int16
+    assert packing.index_dtype(32769) == np.int32
