@@ -408,9 +408,7 @@ class _Analyzer:
         if op == "Dropout" and len(node.output) > 1 and self.used(node.output[1]):
             self.block(node.input[0], f"Dropout {name} mask is used")
             return
-        out = _Info(info.atoms, info.axis, info.rank, info.inner)
-        self.info[node.output[0]] = out
-        self.add(i, PASS, node.output[0], out)
+        self._same_channels(i, node, info)
 
     # ------------------------------------------------------------------ elementwise binary
     def _binary(self, i, node, ins):
@@ -456,9 +454,16 @@ class _Analyzer:
                               f"the {info.size} channels")
                 return
             params = (ParamRef(1 - k, other, ax),)
+        self._same_channels(i, node, info, params)
+
+    def _same_channels(self, i, node, info, params=()):
+        """The output has the input's channels: a per-channel op when it has parameters, else a pass."""
         out = _Info(info.atoms, info.axis, info.rank, info.inner)
         self.info[node.output[0]] = out
-        self.add(i, PER_CHANNEL if params else PASS, node.output[0], out, params)
+        if params:
+            self.add(i, PER_CHANNEL, node.output[0], out, params)
+        else:
+            self.add(i, PASS, node.output[0], out)
 
     # ------------------------------------------------------------------ per-channel ops
     def _op_BatchNormalization(self, i, node, ins):
@@ -522,9 +527,7 @@ class _Analyzer:
                 self.block(node.input[0], f"PRelu {name} slope of shape {list(slope.shape)} is not per channel")
                 return
             params = (ParamRef(1, node.input[1], ax),)
-        out = _Info(info.atoms, info.axis, info.rank, info.inner)
-        self.info[node.output[0]] = out
-        self.add(i, PER_CHANNEL if params else PASS, node.output[0], out, params)
+        self._same_channels(i, node, info, params)
 
     def _op_Conv(self, i, node, ins):
         """A Conv that is not an eligible layer: a depthwise conv is a per-channel op."""
@@ -723,9 +726,7 @@ class _Analyzer:
                 if not (st == 1 and s <= 0 and e >= n):
                     self.block(t, f"Slice {name} on the channel axis (unsupported)")
                     return
-        out = _Info(info.atoms, info.axis, info.rank, info.inner)
-        self.info[node.output[0]] = out
-        self.add(i, PASS, node.output[0], out)
+        self._same_channels(i, node, info)
 
     def _op_Pad(self, i, node, ins):
         name = self.names[i]
