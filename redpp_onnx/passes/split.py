@@ -364,7 +364,7 @@ def _emit_portable(p: _Plan, base: str):
         padded[c * k:c * k + hi - lo, 0] = split.kernels[lo:hi]
         used = np.flatnonzero(split.idx[c] >= 0)
         outs.append(used)
-        cols.append(c * k + split.idx[c, used])
+        cols.append(c * k + split.idx[c, used].astype(np.int64))  # idx may be int8: no overflow
     outs, cols = np.concatenate(outs), np.concatenate(cols)
     vals = scale[outs].astype(np.float32)
     bias = np.zeros(c_out, np.float32) if p.bias is None else p.bias.astype(np.float32)

@@ -182,3 +182,16 @@ def test_relaxed_split_stays_within_budget_and_prunes_more(tolerance):
         w = relax_kernels(consts.array(layer.weight), tolerance).weight
         consts.proto(layer.weight).CopyFrom(nh.from_array(w, layer.weight))
     assert _rel(y_relaxed, _run(dense, X)) <= TOL
+
+
+def test_portable_with_many_channels_and_narrow_index_maps():
+    """64 input channels x 3 kernels: column numbers past 127 with int8 index maps."""
+    g = GraphBuilder(9)
+    h = g.conv("x", 8, 64)
+    h = g.conv(h, 64, 32)
+    _shared_kernels(g, g.nodes[-1].input[1])
+    y = g.gemm(g.node("Flatten", [g.node("GlobalAveragePool", [h])]), 32, 10)
+    model = g.model(["N", 8, 11, 13], y)
+    result = SplitPass(SplitConfig(mode="all", portable=True)).run(model)
+    assert result.layers[1].kernels_unique > 128 // 3
+    assert _rel(_run(result.model, X, plain=True), _run(model, X)) <= TOL
