@@ -31,25 +31,13 @@ sys.path.insert(0, str(ROOT))
 import onnxruntime  # noqa: E402
 
 from redpp_onnx import io, session  # noqa: E402
+from redpp_onnx.bench import timed_pair  # noqa: E402
 from redpp_onnx.compress import compress  # noqa: E402
 from redpp_onnx.config import CompressConfig  # noqa: E402
 from redpp_onnx.passes.split import SplitConfig  # noqa: E402
 
 MODELS = ("cifar10_resnet20.onnx", "cifar10_resnet56.onnx", "imagenet_efficientnet_lite0.onnx")
 LIMIT = 1.02  # issue 5: the default output's median at most 1.02x the original's
-
-
-def timed_pair(a, b, feed, repeat):
-    for sess in (a, b):
-        for _ in range(2):
-            sess.run(None, feed)
-    ta, tb = [], []
-    for i in range(repeat):  # alternate which model runs first, so that neither gets a cache advantage
-        for sess, times in ((a, ta), (b, tb)) if i % 2 == 0 else ((b, tb), (a, ta)):
-            t0 = time.perf_counter()
-            sess.run(None, feed)
-            times.append(time.perf_counter() - t0)
-    return statistics.median(ta), statistics.median(tb), ta, tb
 
 
 def main(argv=None):

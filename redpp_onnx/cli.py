@@ -92,6 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--batch-size", type=int, default=64)
     e.add_argument("--json", action="store_true", help="print the result as JSON")
 
+    b = sub.add_parser("bench", help="latency in onnxruntime; with two models, the ratio B/A measured in one run")
+    b.add_argument("model", help="model A (e.g. the original)")
+    b.add_argument("other", nargs="?", help="model B (e.g. the compressed one)")
+    b.add_argument("--batch", type=int, default=1)
+    b.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
+    b.add_argument("--repeat", type=int, default=40, help="timed runs per model")
+    b.add_argument("--json", action="store_true", help="print the result as JSON")
+
     a = sub.add_parser("analyze", help="the data-free guarantee of hashing: per-layer bounds, U, E[norm]")
     a.add_argument("input", help="the ONNX model to analyze (not modified)")
     a.add_argument("--data", help="an .npz data set: also measure E_X||f|| and E_X||f~ - f|| (see docs)")
@@ -170,6 +178,37 @@ def _eval(args) -> int:
     return 0
 
 
+def _bench(args) -> int:
+    from .bench import measure
+
+    for path in [args.model] + ([args.other] if args.other else []):
+        if not Path(path).is_file():
+            raise RedppError(f"{path}: no such file")
+    for name in ("batch", "threads", "repeat"):
+        if getattr(args, name) < 1:
+            raise RedppError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    try:
+        result = measure(args.model, args.other, batch=args.batch, threads=args.threads, repeat=args.repeat)
+    except RedppError:
+        raise
+    except Exception as err:  # noqa: BLE001 - onnxruntime's errors have many types
+        from .verify import ort_message
+
+        raise RedppError(f"onnxruntime cannot run the model: {ort_message(err)}") from None
+    if args.json:
+        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+        return 0
+    print(f"batch {result.batch}, {result.threads} thread(s), {result.runs} runs per model")
+    for label, path, q in (("A", args.model, result.a), ("B", args.other, result.b)):
+        if q is not None:
+            print(f"{label} {Path(path).name}: p10 {q['p10_ms']:.3f} ms, median {q['p50_ms']:.3f} ms, "
+                  f"p90 {q['p90_ms']:.3f} ms")
+    if result.ratio is not None:
+        lo, hi = result.ratio_iqr
+        print(f"B/A: {result.ratio:.3f} (ratio of medians; adjacent-run ratios, interquartile: {lo:.3f} .. {hi:.3f})")
+    return 0
+
+
 def _analyze(args) -> int:
     from .analysis.theory import analyze
     from .config import HashConfig
@@ -210,6 +249,8 @@ def main(argv=None) -> int:
             return _analyze(args)
         if args.command == "eval":
             return _eval(args)
+        if args.command == "bench":
+            return _bench(args)
     except RedppError as err:
         print(f"redpp-onnx: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR

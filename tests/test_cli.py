@@ -137,3 +137,58 @@ def test_control_flow_is_left_untouched_and_said(tmp_path, capsys):
     out = onnx.load(str(tmp_path / "o.onnx"))
     if_node = [n for n in out.graph.node if n.op_type == "If"][0]
     assert [n.op_type for n in if_node.attribute[0].g.node] in (["Relu"], ["Sigmoid"])
+
+
+def test_ir14_input_is_written_with_an_ir_onnxruntime_loads(tmp_path):
+    model = conv_bn_relu_gemm()
+    model.ir_version = 14  # what onnx 1.23 writes by default; onnxruntime 1.31 loads at most 13
+    path = tmp_path / "ir14.onnx"
+    onnx.save(model, str(path))
+    assert main(["compress", str(path), "-o", str(tmp_path / "o.onnx"), "-q"]) == 0
+    out = onnx.load(str(tmp_path / "o.onnx"))
+    assert out.ir_version <= 13
+    x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    assert redpp_onnx.session(str(tmp_path / "o.onnx")).run(None, {"x": x})[0].shape == (1, 10)
+
+
+def test_external_data_input_is_read(tmp_path):
+    path = tmp_path / "ext.onnx"
+    onnx.save(conv_bn_relu_gemm(), str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="ext.data", size_threshold=0)
+    data_before = (tmp_path / "ext.data").read_bytes()
+    assert main(["compress", str(path), "-o", str(tmp_path / "o.onnx"), "--report", str(tmp_path / "r.json"),
+                 "-q"]) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["model"]["changed_layers"] == 2  # the weights really were read
+    assert (tmp_path / "ext.data").read_bytes() == data_before  # the input is not modified
+
+
+def test_float16_weights_are_refused_with_a_reason(tmp_path, capsys):
+    from onnx import TensorProto
+    from onnx import numpy_helper as nh
+
+    from .graphs import GraphBuilder
+
+    g = GraphBuilder(2)
+    g.inits.append(nh.from_array(g.weights(8, 3, 3, 3).astype(np.float16), "W16"))
+    y16 = g.node("Conv", [g.node("Cast", ["x"], to=TensorProto.FLOAT16), "W16"], pads=[1, 1, 1, 1])
+    path = tmp_path / "fp16.onnx"
+    onnx.save(g.model(["N", 3, 8, 8], g.node("Cast", [y16], to=TensorProto.FLOAT), check=False), str(path))
+    assert main(["compress", str(path), "-o", str(tmp_path / "o.onnx"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    refused = [l for l in report["layers"] if not l["eligible"]]
+    assert len(refused) == 1 and "FLOAT16" in refused[0]["reasons"][0]
+    assert report["notes"][0].startswith("no layer was changed")
+
+
+def test_bench_reports_a_ratio_with_its_spread(model_path, tmp_path, capsys):
+    out = tmp_path / "o.onnx"
+    assert main(["compress", str(model_path), "-o", str(out), "-q", "--no-verify"]) == 0
+    assert main(["bench", str(model_path), str(out), "--repeat", "8", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["runs"] >= 8 and result["a"]["p10_ms"] <= result["a"]["p50_ms"] <= result["a"]["p90_ms"]
+    lo, hi = result["ratio_iqr"]
+    assert 0 < lo <= hi and 0.2 < result["ratio"] < 5
+    assert main(["bench", str(model_path), "--repeat", "5"]) == 0
+    assert "median" in capsys.readouterr().out
+    _fails(["bench", str(tmp_path / "missing.onnx")], capsys, "no such file")
