@@ -79,6 +79,8 @@ def compress(model: Union[str, onnx.ModelProto], config: CompressConfig = Compre
                                scan_layers(out, include_grouped=config.hash.include_depthwise))
     summary["file_bytes_before"] = file_bytes_before
     summary["file_bytes_after"] = len(io.serialize(out))
+    summary["nodes_before"] = _op_counts(model)
+    summary["nodes_after"] = _op_counts(out)
 
     verify_info = {"skipped": "disabled (--no-verify)"}
     if config.verify:
@@ -172,6 +174,14 @@ def _summary(scan, hashed, merged, split, config_tolerance, final_scan):
             "split_relaxed_max_error": max((s.relaxed_error for s in split.layers), default=0.0),
             "index_bytes": sum(s.index_bytes for s in split.layers if s.decision == "split")})
     return summary, layers
+
+
+def _op_counts(model: onnx.ModelProto) -> dict:
+    counts = {}
+    for node in model.graph.node:
+        key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def _control_flow_note(model: onnx.ModelProto) -> list:

@@ -4,7 +4,8 @@ JSON keys (stable; later steps add to them):
 ``model``: ``params_before/after``, ``pruning_ratio`` (removed / original float weights of the
 eligible layers), ``distinct_values_before/after`` and ``distinct_reduction`` (summed over
 eligible layers; reduction = 1 - after / before), ``macs_before/after`` (eligible layers, one
-sample), ``file_bytes_before/after``, ``eligible_layers``, ``refused_layers``.
+sample), ``file_bytes_before/after``, ``nodes_before/after`` (count per op type), ``eligible_layers``,
+``refused_layers``.
 ``layers[]``: per layer ``name``, ``op_type``, ``shape``, ``params``, ``macs``, ``method``,
 ``distinct_before/after``, ``bandwidth``, ``factor``, ``modes``, ``rel_error``, ``u_l``,
 ``seconds``, ``reasons`` (why it was left unchanged or refused; ``eligible`` false for refused).
@@ -113,6 +114,11 @@ def render_table(r: Report) -> str:
                 _ratio(m["file_bytes_before"], m["file_bytes_after"]))]
     for a, b, c, d in summary:
         lines.append(f"{a:28} {b:>16} {c:>16} {d:>9}")
+    before, after = m.get("nodes_before") or {}, m.get("nodes_after") or {}
+    changed = [op for op in sorted(set(before) | set(after)) if before.get(op, 0) != after.get(op, 0)]
+    lines.append(f"{'nodes':28} {sum(before.values()):>16,} {sum(after.values()):>16,}")
+    for op in changed:
+        lines.append(f"{'  ' + op:28} {before.get(op, 0):>16,} {after.get(op, 0):>16,}")
     v = r.verify
     lines.append("")
     if "skipped" in v:

@@ -34,3 +34,12 @@ def test_split_counts_products_and_additions():
     assert m["macs_after"] == gemm + sum(r["products"] for r in split_rows)
     assert m["split_additions"] == sum(r["additions"] for r in split_rows) > 0
     assert SPATIAL > 0
+
+
+def test_nodes_by_type_before_and_after():
+    model, _ = conv_bn_act_conv()
+    out, report = compress(model, CompressConfig(steps=("split",), split=SplitConfig(mode="all"), verify=False))
+    before, after = report.model["nodes_before"], report.model["nodes_after"]
+    assert sum(before.values()) == len(model.graph.node) and sum(after.values()) == len(out.graph.node)
+    assert before["Conv"] == 2 and "Conv" not in after and after["ai.redpp::SplitConv"] == 2
+    assert after.get("BatchNormalization", 0) == before["BatchNormalization"] - 1  # fused into the first
