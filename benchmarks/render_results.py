@@ -261,6 +261,22 @@ def section_break_even(data) -> list[str]:
     return out + [""]
 
 
+def section_figures(root: Path) -> list[str]:
+    models = sorted(p.name for p in (root / "docs" / "figures").glob("*") if p.is_dir())
+    if not models:
+        return []
+    out = ["## Per-layer figures (`compress --plot DIR`)", "",
+           "Made by `redpp-onnx compress MODEL -o OUT --plot docs/figures/MODEL` (default settings). Left: "
+           "the share each step removes per layer (hashing: distinct values; merge and split: parameters; "
+           "split counts what it removes even where `--split auto` keeps the Conv). Right: the paper's "
+           "birthday-problem expectations (uniform prior) next to the repetition measured in the hashed "
+           "weights (equal weight rows for merge, repeated kernels per input channel for split).", ""]
+    for m in models:
+        out += [f"**{m}**", "", f"![{m} by step](figures/{m}/pruning_by_layer.png)",
+                f"![{m} expected vs measured](figures/{m}/expected_pruning.png)", ""]
+    return out
+
+
 def section_speed(data) -> list[str]:
     return ["## Hashing speed", "",
             f"Command: `python benchmarks/bench_hashing.py`. {data['n_tensors']} tensors with ResNet-50 layer "
@@ -302,6 +318,7 @@ def main(argv=None):
         data = _load(results, name)
         if data is not None:
             lines += render(data)
+    lines += section_figures(ROOT)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines))

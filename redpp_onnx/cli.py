@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--portable", action="store_true",
                    help="emit the split computation with standard ONNX ops only (no custom-op library needed)")
     c.add_argument("--no-verify", action="store_true", help="skip the check on seeded random inputs")
+    c.add_argument("--plot", metavar="DIR",
+                   help="also write per-layer figures (reduction by step; expected vs measured pruning) "
+                        "into DIR (needs matplotlib: pip install 'redpp-onnx[plot]')")
     c.add_argument("--force", action="store_true", help="overwrite the output file if it exists")
     c.add_argument("--json", action="store_true", help="print the JSON report on stdout instead of the table")
     c.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
@@ -138,9 +141,15 @@ def _compress(args) -> int:
         raise RedppError(f"{args.report}: the folder {Path(args.report).parent} does not exist")
     if args.calibrate and not Path(args.calibrate).is_file():
         raise RedppError(f"{args.calibrate}: no such file")
+    if args.plot:
+        if not Path(args.plot).parent.is_dir():
+            raise RedppError(f"{args.plot}: the folder {Path(args.plot).parent} does not exist")
+        from .plots import _pyplot
+
+        _pyplot()  # fail before the work if matplotlib is missing
     file_before = src.stat().st_size if src.is_file() else None
     model, report = compress(src, config, progress=_Progress("hashing", not args.quiet),
-                             file_bytes_before=file_before)
+                             file_bytes_before=file_before, plot_dir=args.plot)
     report.model["file_bytes_after"] = save_model(model, dst, force=True)
     report.output = str(dst)
     if args.report:
@@ -150,6 +159,8 @@ def _compress(args) -> int:
     elif not args.quiet:
         sys.stdout.write(report.table())
         sys.stdout.write(f"wrote {dst}" + (f" and {args.report}" if args.report else "") + "\n")
+        for path in report.plots or []:
+            sys.stdout.write(f"wrote {path}\n")
     return 0
 
 

@@ -26,11 +26,13 @@ Progress = Callable[[int, int, str], None]
 
 
 def compress(model: Union[str, onnx.ModelProto], config: CompressConfig = CompressConfig(), *,
-             progress: Optional[Progress] = None, file_bytes_before: Optional[int] = None):
+             progress: Optional[Progress] = None, file_bytes_before: Optional[int] = None,
+             plot_dir: Optional[str] = None):
     """Run the configured steps on ``model`` (a path or a ModelProto, never modified).
 
     Returns the new ``ModelProto`` and its :class:`~redpp_onnx.report.Report`. ``progress(i, n,
-    layer)`` is called as layers are processed.
+    layer)`` is called as layers are processed. ``plot_dir``: also write the per-layer figures
+    there (``plots.py``; needs matplotlib) and list them in ``report.plots``.
     """
     timings = {}
     t0 = time.perf_counter()
@@ -105,6 +107,10 @@ def compress(model: Union[str, onnx.ModelProto], config: CompressConfig = Compre
                     input=source,
                     merge_groups=[dataclasses.asdict(g) for g in merged.groups] if merged else None,
                     calibration=dataclasses.asdict(calibration) if calibration else None)
+    if plot_dir is not None:
+        from .plots import write_plots
+
+        report.plots = write_plots(plot_dir, model, report, hashed)
     return out, report
 
 

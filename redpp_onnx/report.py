@@ -33,6 +33,7 @@ class Report:
     output: Optional[str] = None
     merge_groups: Optional[list] = None   # the channel groups of the merge step
     calibration: Optional[dict] = None    # DATA-DRIVEN α choice (--calibrate)
+    plots: Optional[list] = None          # --plot: the figures written
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

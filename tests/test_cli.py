@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -12,6 +13,8 @@ import redpp_onnx
 from redpp_onnx.cli import main
 
 from .graphs import conv_bn_relu_gemm
+
+ROOT_MODELS = Path(__file__).resolve().parents[1] / "models"
 
 REPORT_KEYS = {"params_before", "params_after", "pruning_ratio", "distinct_values_before",
                "distinct_values_after", "macs_before", "macs_after", "file_bytes_before", "file_bytes_after"}
@@ -192,3 +195,23 @@ def test_bench_reports_a_ratio_with_its_spread(model_path, tmp_path, capsys):
     assert main(["bench", str(model_path), "--repeat", "5"]) == 0
     assert "median" in capsys.readouterr().out
     _fails(["bench", str(tmp_path / "missing.onnx")], capsys, "no such file")
+
+
+def test_plot_writes_the_two_figures(tmp_path):
+    pytest.importorskip("matplotlib")  # in the test extra: runs in CI
+    model = ROOT_MODELS / "digits_cnn.onnx"
+    folder = tmp_path / "figs"
+    assert main(["compress", str(model), "-o", str(tmp_path / "o.onnx"), "--plot", str(folder), "-q",
+                 "--no-verify"]) == 0
+    for name in ("pruning_by_layer.png", "expected_pruning.png"):
+        data = (folder / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_plot_without_matplotlib_is_a_clear_error(tmp_path, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes "import matplotlib" fail
+    _fails(["compress", str(ROOT_MODELS / "digits_cnn.onnx"), "-o", str(tmp_path / "o.onnx"), "--plot",
+            str(tmp_path / "f")], capsys, "pip install 'redpp-onnx[plot]'")
+    assert not (tmp_path / "o.onnx").exists()
