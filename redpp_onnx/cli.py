@@ -148,9 +148,20 @@ def _compress(args) -> int:
 
         _pyplot()  # fail before the work if matplotlib is missing
     file_before = src.stat().st_size if src.is_file() else None
+    external = False
+    if src.is_file():
+        from .io import uses_external_data
+
+        try:
+            external = uses_external_data(src)
+        except Exception:  # noqa: BLE001 - not ONNX: load_model reports it properly below
+            external = False
+        if external:
+            data_files = {src.parent / t for t in _external_locations(src)}
+            file_before += sum(p.stat().st_size for p in data_files if p.is_file())
     model, report = compress(src, config, progress=_Progress("hashing", not args.quiet),
                              file_bytes_before=file_before, plot_dir=args.plot)
-    report.model["file_bytes_after"] = save_model(model, dst, force=True)
+    report.model["file_bytes_after"] = save_model(model, dst, force=True, external=external)
     report.output = str(dst)
     if args.report:
         _write_text_atomic(Path(args.report), report.to_json())
@@ -243,6 +254,13 @@ def _analyze(args) -> int:
         _write_text_atomic(Path(args.report), text)
     sys.stdout.write(text if args.json else result.table())
     return 0
+
+
+def _external_locations(path: Path) -> set:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
 
 
 def _write_text_atomic(path: Path, text: str) -> None:

@@ -9,6 +9,7 @@ model's opsets allow (onnx 1.23 writes IR 14 by default; onnxruntime 1.31 loads 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Union
@@ -46,6 +47,12 @@ def load_model(path: PathLike) -> onnx.ModelProto:
     return model
 
 
+def uses_external_data(path: PathLike) -> bool:
+    """Whether the ONNX file at ``path`` keeps tensors in external data files."""
+    model = onnx.load(str(path), load_external_data=False)
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+
+
 def runtime_ir_version(model: onnx.ModelProto) -> int:
     """The IR version to write: the model's own if onnxruntime loads it, else the lowest its opsets allow."""
     if 0 < model.ir_version <= MAX_ORT_IR_VERSION:
@@ -66,12 +73,14 @@ def serialize(model: onnx.ModelProto) -> bytes:
 
 
 def save_model(model: onnx.ModelProto, path: PathLike, *, force: bool = False,
-               source: PathLike | None = None) -> int:
-    """Write ``model`` (not modified) to ``path`` atomically; returns the file's size in bytes.
+               source: PathLike | None = None, external: bool = False) -> int:
+    """Write ``model`` (not modified) to ``path`` atomically; returns the size in bytes (model
+    file plus external data).
 
     ``force``: overwrite an existing file. ``source``: the input file, never overwritten
-    without ``force``. Models over ~1.8 GB are written with their tensors in one external data
-    file ``<name>.data`` beside the model.
+    without ``force``. With ``external`` (or for models over ~1.8 GB) the tensors go to one
+    external data file ``<name>.data`` beside the model; both files are written in a temporary
+    folder beside the destination and renamed, the data first.
     """
     out = Path(path)
     if not out.parent.is_dir():
@@ -80,20 +89,33 @@ def save_model(model: onnx.ModelProto, path: PathLike, *, force: bool = False,
         raise RedppError(f"{out}: output is the input file; choose another path or pass --force")
     if out.exists() and not force and source is not None:
         raise RedppError(f"{out}: already exists; pass --force to overwrite")
-    external = model.ByteSize() > EXTERNAL_DATA_THRESHOLD
+    if external or model.ByteSize() > EXTERNAL_DATA_THRESHOLD:
+        return _save_external(model, out)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     os.close(fd)
     try:
-        if external:
-            copy = onnx.ModelProto()
-            copy.CopyFrom(model)
-            copy.ir_version = runtime_ir_version(model)
-            onnx.save_model(copy, tmp, save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=out.name + ".data", size_threshold=1024)
-        else:
-            Path(tmp).write_bytes(serialize(model))
+        Path(tmp).write_bytes(serialize(model))
         os.replace(tmp, out)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return out.stat().st_size
+
+
+def _save_external(model: onnx.ModelProto, out: Path) -> int:
+    data_name = out.name + ".data"
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)  # onnx.save_model rewrites the tensors it externalises
+    copy.ir_version = runtime_ir_version(model)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        onnx.save_model(copy, str(staging / out.name), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=data_name, size_threshold=1024)
+        data = staging / data_name
+        if data.exists():
+            os.replace(data, out.parent / data_name)
+        os.replace(staging / out.name, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    data_path = out.parent / data_name
+    return out.stat().st_size + (data_path.stat().st_size if data_path.exists() else 0)

@@ -164,6 +164,15 @@ def test_external_data_input_is_read(tmp_path):
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["model"]["changed_layers"] == 2  # the weights really were read
     assert (tmp_path / "ext.data").read_bytes() == data_before  # the input is not modified
+    # written the same way: tensors in o.onnx.data beside o.onnx, and it runs
+    out = onnx.load(str(tmp_path / "o.onnx"), load_external_data=False)
+    assert any(t.data_location == onnx.TensorProto.EXTERNAL for t in out.graph.initializer)
+    assert (tmp_path / "o.onnx.data").stat().st_size > 0
+    assert report["model"]["file_bytes_after"] == (tmp_path / "o.onnx").stat().st_size + (
+        tmp_path / "o.onnx.data").stat().st_size
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
+    x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    assert redpp_onnx.session(str(tmp_path / "o.onnx")).run(None, {"x": x})[0].shape == (1, 10)
 
 
 def test_float16_weights_are_refused_with_a_reason(tmp_path, capsys):
