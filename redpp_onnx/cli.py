@@ -92,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--data", required=True, help="an .npz data set (the shared CIFAR/ImageNet layouts, or x/y)")
     e.add_argument("--ref", help="a reference model (e.g. the original): agreement and logit drift too")
     e.add_argument("--limit", type=int, help="only the first N samples")
+    e.add_argument("--preprocess", default="auto", choices=("auto", "cifar", "imagenet", "raw"),
+                   help="auto: recognise the shared CIFAR-10 / ImageNet layouts (their documented preprocessing) "
+                        "or x/y arrays; raw: your own arrays (with --mean/--std for uint8 images)")
+    e.add_argument("--mean", type=float, nargs="+", metavar="M", help="raw uint8 images: per-channel mean of x/255")
+    e.add_argument("--std", type=float, nargs="+", metavar="S", help="raw uint8 images: per-channel std of x/255")
+    e.add_argument("--layout", choices=("NHWC", "NCHW"), help="raw uint8 images: the stored layout")
     e.add_argument("--batch-size", type=int, default=64)
     e.add_argument("--json", action="store_true", help="print the result as JSON")
 
@@ -184,7 +190,8 @@ def _eval(args) -> int:
     if args.limit is not None and args.limit < 1:
         raise RedppError(f"--limit must be >= 1, got {args.limit}")
     try:
-        data = load_dataset(args.data, limit=args.limit)
+        data = load_dataset(args.data, preprocess=args.preprocess, mean=args.mean, std=args.std,
+                            layout=args.layout, limit=args.limit)
         result = evaluate(args.model, data, batch_size=args.batch_size, reference=args.ref)
     except ValueError as err:
         raise RedppError(str(err).splitlines()[0]) from None

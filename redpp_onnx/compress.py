@@ -123,6 +123,7 @@ def _summary(scan, hashed, merged, split, config_tolerance, final_scan):
         for h in hashed.layers:
             rows[h.name].update({k: v for k, v in dataclasses.asdict(h).items() if k != "reasons"})
             rows[h.name]["reasons"] += h.reasons
+            rows[h.name]["hash_reasons"] = list(h.reasons)
     if merged is not None:
         for m in merged.layers:
             if m.name in rows:

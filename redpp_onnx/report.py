@@ -77,7 +77,7 @@ def render_table(r: Report) -> str:
         for l in (l for l in rows if "distinct_before" in l):
             name = l["name"] if len(l["name"]) <= 32 else "…" + l["name"][-31:]
             distinct = f"{l['distinct_before']:,} -> {l['distinct_after']:,}"
-            note = "; ".join(x for x in l["reasons"] if not x.startswith(("kept as Conv", "--split")))
+            note = "; ".join(l.get("hash_reasons", []))
             lines.append(f"{name:32} {l['op_type']:6} {l['params']:>9,} {distinct:>17} "
                          f"{_num(l.get('factor'), '{:.3g}'):>7} {l['rel_error']:>8.4f} "
                          f"{_num(l.get('u_l'), '{:.2e}'):>9}  {note}")

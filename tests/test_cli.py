@@ -224,3 +224,15 @@ def test_plot_without_matplotlib_is_a_clear_error(tmp_path, capsys, monkeypatch)
     _fails(["compress", str(ROOT_MODELS / "digits_cnn.onnx"), "-o", str(tmp_path / "o.onnx"), "--plot",
             str(tmp_path / "f")], capsys, "pip install 'redpp-onnx[plot]'")
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_eval_with_raw_uint8_images_and_explicit_preprocessing(tmp_path, capsys):
+    """The held-out digits stored as uint8 NHWC images: x/16 == (x/255 - 0) / (16/255)."""
+    data = np.load(ROOT_MODELS / "digits_test.npz")
+    images = np.clip(np.round(data["x"][:, 0] * 16), 0, 255).astype(np.uint8)[..., None]
+    np.savez(tmp_path / "u8.npz", images=images, labels=data["y"])
+    args = ["eval", str(ROOT_MODELS / "digits_cnn.onnx"), "--data", str(tmp_path / "u8.npz"), "--preprocess", "raw",
+            "--mean", "0", "--std", str(16 / 255), "--layout", "NHWC", "--json"]
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["top1_correct"] == 358  # as on the float data (models/README.md)
+    _fails(args[:6] + ["--json"], capsys, "")  # raw uint8 without mean/std: a one-line error
