@@ -17,7 +17,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.ops.mo
 
 import redpp_onnx  # noqa: E402
 import redpp_onnx._core  # noqa: E402
+from redpp_onnx.bench import time_runs  # noqa: E402
 from redpp_onnx.ops import packing  # noqa: E402
 from tests.ops.models import dense_conv_model, split_conv_model  # noqa: E402
 
@@ -52,14 +52,7 @@ def weights(c_in, c_out, k, unique_fraction, rng):
 
 
 def time_session(sess, x, repeat):
-    feed = {"X": x}
-    for _ in range(3):
-        sess.run(None, feed)
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        sess.run(None, feed)
-        times.append(time.perf_counter() - t0)
+    times = time_runs(sess, {"X": x}, repeat, warmup=3)
     q = statistics.quantiles(times, n=4)
     return {"median_ms": 1e3 * statistics.median(times), "q1_ms": 1e3 * q[0], "q3_ms": 1e3 * q[2]}
 

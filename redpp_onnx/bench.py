@@ -21,6 +21,18 @@ from .runtime import session
 from .verify import random_inputs
 
 
+def time_runs(sess, feed: dict, repeat: int, warmup: int = 2) -> list:
+    """Seconds of ``repeat`` runs of ``sess`` on ``feed``, after ``warmup`` untimed runs."""
+    for _ in range(warmup):
+        sess.run(None, feed)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        sess.run(None, feed)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
 def timed_pair(a, b, feed: dict, repeat: int) -> tuple:
     """(median A s, median B s, A run times, B run times): ``repeat`` runs each, interleaved."""
     for sess in (a, b):
@@ -62,14 +74,7 @@ def measure(model_a, model_b=None, *, batch: int = 1, threads: int = 1, repeat: 
     opts = dict(intra_op_num_threads=threads, inter_op_num_threads=1)
     a_bytes = io.serialize(a_model)
     if model_b is None:
-        sess = session(a_bytes, **opts)
-        for _ in range(2):
-            sess.run(None, feeds)
-        times = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            sess.run(None, feeds)
-            times.append(time.perf_counter() - t0)
+        times = time_runs(session(a_bytes, **opts), feeds, repeat)
         return BenchResult(batch, threads, repeat, _quantiles(times))
     b_bytes = io.serialize(_load(model_b))
     ta, tb = [], []

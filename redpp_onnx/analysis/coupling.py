@@ -637,16 +637,23 @@ class _Analyzer:
         a = _attr(node, attr_name)
         return [] if a is None else [int(x) for x in a]
 
-    def _op_Squeeze(self, i, node, ins):
+    def _data_and_axes(self, i, node, ins):
+        """(name, data tensor, its info, axes) of a Squeeze/Unsqueeze, or None once blocked."""
         name = self.names[i]
         if not self._only_data(i, node, ins):
-            return
+            return None
         t = node.input[0]
-        info = self.info[t]
         axes = self._axes(node)
         if axes is None:
-            self.block(t, f"Squeeze {name} with computed axes")
+            self.block(t, f"{node.op_type} {name} with computed axes")
+            return None
+        return name, t, self.info[t], axes
+
+    def _op_Squeeze(self, i, node, ins):
+        got = self._data_and_axes(i, node, ins)
+        if got is None:
             return
+        name, t, info, axes = got
         if not axes:
             shape = self.shapes.get(t)
             if shape is None:
@@ -665,15 +672,10 @@ class _Analyzer:
         self.add(i, PASS, node.output[0], out)
 
     def _op_Unsqueeze(self, i, node, ins):
-        name = self.names[i]
-        if not self._only_data(i, node, ins):
+        got = self._data_and_axes(i, node, ins)
+        if got is None:
             return
-        t = node.input[0]
-        info = self.info[t]
-        axes = self._axes(node)
-        if axes is None:
-            self.block(t, f"Unsqueeze {name} with computed axes")
-            return
+        name, t, info, axes = got
         rank = info.rank + len(axes)
         axes = {a + rank if a < 0 else a for a in axes}
         kept = [p for p in range(rank) if p not in axes]
