@@ -16,17 +16,16 @@ slow episode of the machine affects both members of a pair: the robust estimate 
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from _common import shared_parser, write_json  # noqa: E402  (benchmarks/)
 
 import onnxruntime  # noqa: E402
 
@@ -41,12 +40,10 @@ LIMIT = 1.02  # issue 5: the default output's median at most 1.02x the original'
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shared", default=str(ROOT.parent / "shared" / "bench"))
+    ap = shared_parser(__doc__, "latency.json")
     ap.add_argument("--repeat", type=int, default=40, help="runs per model and configuration (pooled)")
     ap.add_argument("--session-pairs", type=int, default=8,
                     help="session pairs per configuration for the default output (half in each creation order)")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "latency.json"))
     args = ap.parse_args(argv)
     default_steps = CompressConfig().steps
     variants = {"A/A control": None,  # the original against itself: the measurement's own noise
@@ -99,13 +96,10 @@ def main(argv=None):
         print(f"{variant}: ratio of medians {min(r['ratio'] for r in sel):.3f} .. {max(r['ratio'] for r in sel):.3f}, "
               f"median paired ratio {min(r['paired_ratio'] for r in sel):.3f} .. "
               f"{max(r['paired_ratio'] for r in sel):.3f} (limit for the default output {LIMIT})")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": {"onnxruntime": onnxruntime.__version__, "repeat": args.repeat,
+    write_json(args.out, {"meta": {"onnxruntime": onnxruntime.__version__, "repeat": args.repeat,
                                         "session_pairs": args.session_pairs,
                                         "default_steps": list(default_steps), "limit": LIMIT},
-                               "rows": rows}, indent=2) + "\n")
-    print(f"wrote {out}")
+                               "rows": rows})
 
 
 if __name__ == "__main__":

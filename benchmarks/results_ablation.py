@@ -11,14 +11,14 @@ removed, product MACs removed, file bytes, top-1 on the exact data.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from _common import shared_parser, write_json  # noqa: E402  (benchmarks/)
 
 from redpp_onnx import io  # noqa: E402
 from redpp_onnx.compress import compress  # noqa: E402
@@ -48,9 +48,7 @@ MAX_DROP = 0.3
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shared", default=str(ROOT.parent / "shared" / "bench"))
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ablation.json"))
+    ap = shared_parser(__doc__, "ablation.json")
     args = ap.parse_args(argv)
     rows = []
     for name, (data_name, batch) in MODELS.items():
@@ -84,11 +82,8 @@ def main(argv=None):
             print(f"  {label:30} α={alpha:<8g} params -{100 * row['params_removed']:6.2f}%  MACs "
                   f"-{100 * (row['macs_removed'] or 0):6.2f}%  file {size:>10,}  top-1 {100 * ev.top1:.2f}% "
                   f"({-row['drop_points']:+.2f})", flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"rows": rows, "paper": PAPER, "columns": [c[0] for c in COLUMNS],
-                               "max_drop_points": MAX_DROP}, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_json(args.out, {"rows": rows, "paper": PAPER, "columns": [c[0] for c in COLUMNS],
+                               "max_drop_points": MAX_DROP})
 
 
 if __name__ == "__main__":

@@ -12,8 +12,6 @@ docs/RESULTS.md.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import tempfile
 import time
@@ -21,6 +19,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from _common import shared_parser, write_json  # noqa: E402  (benchmarks/)
 
 from redpp_onnx import io  # noqa: E402
 from redpp_onnx.compress import compress  # noqa: E402
@@ -43,9 +43,7 @@ SETTINGS = [  # (label, HashConfig, measure the paired set, measure the codebook
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shared", default=str(ROOT.parent / "shared" / "bench"))
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "hashing.json"))
+    ap = shared_parser(__doc__, "hashing.json")
     args = ap.parse_args(argv)
     shared = Path(args.shared)
     rows = []
@@ -58,7 +56,7 @@ def main(argv=None):
         print(f"{model_name}: original top-1 {base.top1:.2%} on {exact.name}", flush=True)
         for label, hcfg, do_paired, do_codebook in SETTINGS:
             t0 = time.perf_counter()
-            hashed, report = compress(original, CompressConfig(hash=hcfg, verify=False))
+            hashed, report = compress(original, CompressConfig(steps=("hash",), hash=hcfg, verify=False))
             seconds = time.perf_counter() - t0
             ev = evaluate(hashed, exact, batch_size=batch, reference=original)
             row = {"model": model_name, "setting": label, "config": report.config["hash"],
@@ -74,7 +72,7 @@ def main(argv=None):
                 row.update(paired_data=paired.name, paired_n=pe.n, paired_agreement=pe.agreement,
                            paired_top1=pe.top1, paired_top1_original=pe.reference_top1)
             if do_codebook:
-                packed, _ = compress(original, CompressConfig(hash=hcfg, codebook=True, verify=False))
+                packed, _ = compress(original, CompressConfig(steps=("hash",), hash=hcfg, codebook=True, verify=False))
                 with tempfile.TemporaryDirectory() as tmp:
                     size = io.save_model(packed, Path(tmp) / "m.onnx")
                 row.update(codebook_file_bytes=size, codebook_ratio=path.stat().st_size / size)
@@ -84,10 +82,7 @@ def main(argv=None):
             print(f"  {label:28} -{100 * row['reduction']:.2f}% distinct, top-1 {row['top1']:.2%} "
                   f"({-row['top1_drop_points']:+.2f} pt), agreement {row['agreement']:.2%}{extra}, "
                   f"{seconds:.1f} s", flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"rows": rows}, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_json(args.out, {"rows": rows})
 
 
 if __name__ == "__main__":

@@ -15,8 +15,6 @@ weights only (no bias, no BN, no coupling), to compare with METHOD.md's "about 1
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -25,6 +23,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from _common import shared_parser, write_json  # noqa: E402  (benchmarks/)
 
 from redpp_onnx import io  # noqa: E402
 from redpp_onnx.analysis.layers import ConstantTensors, scan_layers  # noqa: E402
@@ -57,9 +57,7 @@ def equal_weight_rows_share(model) -> float:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shared", default=str(ROOT.parent / "shared" / "bench"))
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "merge.json"))
+    ap = shared_parser(__doc__, "merge.json")
     args = ap.parse_args(argv)
     shared = Path(args.shared)
     rows = []
@@ -111,10 +109,7 @@ def main(argv=None):
                 print(f"{model_name:34} {setting:40} {row['params_before']:13,} {row['params_after']:9,} "
                       f"{row['pruning_ratio']:8.2%} {ev.top1:7.2%} {ev.reference_top1:7.2%} "
                       f"{top1_original:7.2%} {ev.agreement:7.2%}  {note}", flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"rows": rows}, indent=2, ensure_ascii=False) + "\n")
-    print(f"wrote {out}")
+    write_json(args.out, {"rows": rows})
 
 
 if __name__ == "__main__":

@@ -10,13 +10,14 @@ exact data. Writes benchmarks/results/relaxed.json and docs/relaxed_curve.png (m
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from _common import shared_parser, write_json  # noqa: E402  (benchmarks/)
 
 from redpp_onnx import io  # noqa: E402
 from redpp_onnx.compress import compress  # noqa: E402
@@ -46,9 +47,7 @@ def settings():
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shared", default=str(ROOT.parent / "shared" / "bench"))
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "relaxed.json"))
+    ap = shared_parser(__doc__, "relaxed.json")
     ap.add_argument("--plot", default=str(ROOT / "docs" / "relaxed_curve.png"))
     ap.add_argument("--resume", action="store_true", help="keep the rows already in --out, measure the rest")
     args = ap.parse_args(argv)
@@ -72,10 +71,7 @@ def main(argv=None):
             print(f"{name:34} {label:32} params -{100 * row['params_removed']:5.2f}%  MACs "
                   f"-{100 * (macs_removed or 0):5.2f}%  top-1 {100 * ev.top1:.2f}% ({-row['drop_points']:+.2f})",
                   flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"rows": rows}, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_json(args.out, {"rows": rows})
     try:
         import matplotlib
 

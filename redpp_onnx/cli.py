@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--snap-zero", action="store_true", help="give the cell holding 0 the value 0 when the budget allows")
     c.add_argument("--uniform-int8", action="store_true", help="baseline: uniform symmetric int8 instead of KDE hashing")
     c.add_argument("--codebook", action="store_true",
-                   help="store hashed weights as a codebook + uint8/uint16 codes (smaller file, same outputs)")
+                   help="store hashed weights as codebooks + variable-length codes rebuilt by standard ops "
+                        "(about 3.6-3.8x smaller files at the default budget, same outputs)")
     c.add_argument("--include-depthwise", action="store_true", help="also hash grouped and depthwise convolutions")
     c.add_argument("--alpha", type=float, default=0.0,
                    help="merge: 0 merges identical neurons only (exact, default); > 0 merges neurons closer than "

@@ -69,7 +69,8 @@ def compress(model: Union[str, onnx.ModelProto], config: CompressConfig = Compre
         split = SplitPass(config.split, progress=progress).run(out)
         out = split.model
         timings["split"] = time.perf_counter() - t
-    if config.codebook and hashed is not None:
+    final_scan = scan_layers(out, include_grouped=config.hash.include_depthwise)  # before codebooks:
+    if config.codebook and hashed is not None:  # they only change how the same weights are stored
         hashed.model = out
         store_codebooks(hashed)
     try:
@@ -77,8 +78,7 @@ def compress(model: Union[str, onnx.ModelProto], config: CompressConfig = Compre
     except onnx.checker.ValidationError as err:  # a bug of ours, not the user's: say so
         raise RuntimeError(f"redpp-onnx produced an invalid model ({err}); please report it") from err
 
-    summary, layers = _summary(eligible_before, hashed, merged, split, config.split.tolerance,
-                               scan_layers(out, include_grouped=config.hash.include_depthwise))
+    summary, layers = _summary(eligible_before, hashed, merged, split, config.split.tolerance, final_scan)
     summary["file_bytes_before"] = file_bytes_before
     summary["file_bytes_after"] = len(io.serialize(out))
     summary["nodes_before"] = _op_counts(model)

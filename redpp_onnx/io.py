@@ -95,11 +95,19 @@ def save_model(model: onnx.ModelProto, path: PathLike, *, force: bool = False,
     os.close(fd)
     try:
         Path(tmp).write_bytes(serialize(model))
+        os.chmod(tmp, _default_mode())  # mkstemp makes it 0600; give what open() would
         os.replace(tmp, out)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return out.stat().st_size
+
+
+def _default_mode() -> int:
+    """0666 less the process umask: the mode a file created by ``open()`` gets."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def _save_external(model: onnx.ModelProto, out: Path) -> int:

@@ -48,6 +48,14 @@ def test_compress_writes_model_and_json_report(model_path, tmp_path, capsys):
     assert redpp_onnx.session(str(out)).run(None, {"x": x})[0].shape == (2, 10)
 
 
+def test_written_files_get_the_usual_permissions(model_path, tmp_path):
+    """Atomic writes go through a temporary file (mode 0600): the result must not keep that."""
+    out, rep, plain = tmp_path / "out.onnx", tmp_path / "r.json", tmp_path / "plain"
+    assert main(["compress", str(model_path), "-o", str(out), "--report", str(rep), "-q", "--no-verify"]) == 0
+    plain.write_text("")
+    assert out.stat().st_mode & 0o777 == rep.stat().st_mode & 0o777 == plain.stat().st_mode & 0o777
+
+
 def test_json_flag_prints_the_report(model_path, tmp_path, capsys):
     assert main(["compress", str(model_path), "-o", str(tmp_path / "o.onnx"), "--json", "--no-verify"]) == 0
     report = json.loads(capsys.readouterr().out)

@@ -27,12 +27,16 @@ def test_resnet20_default_hashing_keeps_accuracy(tmp_path):
     assert paired.agreement >= 0.99
 
 
-def test_resnet20_codebook_matches_hashing_and_shrinks_the_file(tmp_path):
-    src = SHARED / "cifar10_resnet20.onnx"
+@pytest.mark.parametrize("model,data,limit", [("cifar10_resnet20", "cifar10_test_exact1017", 256),
+                                              ("cifar10_resnet56", "cifar10_test_exact1017", 128),
+                                              ("imagenet_efficientnet_lite0", "imagenet_sample1000_224_q95", 32)])
+def test_codebook_matches_hashing_and_is_3_5x_smaller(model, data, limit, tmp_path):
+    """Issue 3: at the default budget the --codebook file is >= 3.5x smaller than the fp32 input,
+    and its outputs are the plain hashed model's, bit for bit."""
+    src = SHARED / f"{model}.onnx"
     plain, packed = tmp_path / "h.onnx", tmp_path / "c.onnx"
     for path, extra in ((plain, []), (packed, ["--codebook"])):
-        assert main(["compress", str(src), "-o", str(path), "--weight-error", "0.02", "--no-verify", "-q"] + extra) == 0
-    data = load_dataset(SHARED / "cifar10_test_exact1017.npz", limit=256)
-    result = evaluate(packed, data, reference=plain)
+        assert main(["compress", str(src), "-o", str(path), "--steps", "hash", "--no-verify", "-q"] + extra) == 0
+    result = evaluate(packed, load_dataset(SHARED / f"{data}.npz", limit=limit), reference=plain)
     assert result.max_abs_logit_diff == 0.0
     assert src.stat().st_size / packed.stat().st_size >= 3.5

@@ -102,9 +102,21 @@ def _attr(node: onnx.NodeProto, name: str, default):
     return default
 
 
+LARGE_CONSTANT = 4096
+"""Constant-only computations with an output larger than this (elements) are cut off before
+shape inference with data propagation (see :func:`static_shapes`)."""
+
+
 def static_shapes(model: onnx.ModelProto, batch: int = 1) -> dict[str, tuple]:
     """Shapes of every tensor when the graph inputs' symbolic dims are fixed (batch dims to
-    ``batch``); {} when inference fails. Works on a copy."""
+    ``batch``); {} when inference fails. Works on a copy.
+
+    onnx's data propagation copies the values of integer tensors computed from constants into
+    shape protos (tens of bytes per element): a codebook decoder (``--codebook``) with millions
+    of codes took gigabytes. So shapes are inferred twice: first without data propagation (cheap,
+    every shape a constant-only computation needs is in its inputs' dims and small values), then
+    with it, on a copy where every constant-only node with an output larger than
+    ``LARGE_CONSTANT`` elements is replaced by graph inputs of the shapes found first."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
     initializers = {t.name for t in m.graph.initializer}
@@ -116,15 +128,44 @@ def static_shapes(model: onnx.ModelProto, batch: int = 1) -> dict[str, tuple]:
                 d.Clear()
                 d.dim_value = batch
     try:
-        m = onnx.shape_inference.infer_shapes(m, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(m)
+        first = _shapes_of(inferred)
+        _cut_large_constants(m, first, {vi.name: vi.type.tensor_type.elem_type for vi in inferred.graph.value_info})
+        return {**first, **_shapes_of(onnx.shape_inference.infer_shapes(m, data_prop=True))}
     except Exception:  # noqa: BLE001 - shapes are an optional refinement (MACs only)
         return {}
+
+
+def _shapes_of(m: onnx.ModelProto) -> dict[str, tuple]:
     shapes = {}
     for vi in list(m.graph.value_info) + list(m.graph.output) + list(m.graph.input):
         tt = vi.type.tensor_type
         if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
             shapes[vi.name] = tuple(d.dim_value for d in tt.shape.dim)
     return shapes
+
+
+def _cut_large_constants(m: onnx.ModelProto, shapes: dict[str, tuple], types: dict[str, int]) -> None:
+    """Replace (in place) the main graph's constant-only nodes with a large output by inputs."""
+    graph = m.graph
+    constant = {t.name for t in graph.initializer}
+    keep, cut = [], []
+    for node in graph.node:
+        if node.op_type == "Constant" or (node.input and all(i in constant or not i for i in node.input)
+                                          and not any(a.type in (onnx.AttributeProto.GRAPH,
+                                                                 onnx.AttributeProto.GRAPHS)
+                                                      for a in node.attribute)):
+            constant.update(node.output)
+            outs = [o for o in node.output if o]
+            if node.op_type != "Constant" and all(o in shapes and o in types for o in outs) and \
+                    any(int(np.prod(shapes[o], dtype=np.int64)) > LARGE_CONSTANT for o in outs):
+                cut.extend(onnx.helper.make_tensor_value_info(o, types[o], shapes[o]) for o in outs)
+                continue
+        keep.append(node)
+    if cut:
+        del graph.node[:]
+        graph.node.extend(keep)
+        graph.input.extend(cut)
 
 
 def scan_layers(model: onnx.ModelProto, *, include_grouped: bool = False) -> LayerScan:

@@ -127,6 +127,7 @@ from onnx import helper
 from scipy.special import erf, ndtr
 
 from ..config import HashConfig
+from .fold import fold_constants
 from .layers import ConstantTensors, node_names, scan_layers, static_shapes
 
 __all__ = [
@@ -1018,7 +1019,7 @@ def analyze(model, hash_config: HashConfig = HashConfig(), data=None, *, batch_s
     from ..passes.hash import HashPass
 
     name = _describe(model)
-    proto = _load(model)
+    proto = fold_constants(_load(model))  # e.g. a --codebook model's weights
     result = HashPass(hash_config).run(proto)
     report = analyze_hashed(proto, result, hash_config=hash_config, data=data, batch_size=batch_size, limit=limit)
     report.model = name

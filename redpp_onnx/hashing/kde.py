@@ -10,7 +10,8 @@ density estimate is
 
     d(ω) = 1 / (N Δ √(2π)) · Σ_i c_i exp(-(ω - v_i)² / (2 Δ²)).
 
-``d`` is evaluated on a regular grid of step ``h = Δ/4``; its strict local minima cut the real
+``d`` is evaluated on a regular grid of step ``h = Δ/4`` (rounded to a float32 number, see
+:func:`grid_step`); its strict local minima cut the real
 line into cells, and every weight becomes the mode (highest grid point) of its cell. Plateaus
 (runs of equal density) count as one extremum placed at their middle.
 
@@ -276,7 +277,7 @@ def _lattice(v: np.ndarray, bandwidth: float) -> _Lattice:
     apart, so no value's kernel reaches a value of another segment, and the segment sizes add
     up to at most ``32·U + 2·#segments`` points.
     """
-    step = bandwidth / STEPS_PER_BANDWIDTH
+    step = grid_step(bandwidth)
     t = v / step
     breaks = np.flatnonzero(np.diff(v) > GAP_BANDWIDTHS * bandwidth) + 1
     first = np.concatenate(([0], breaks))
@@ -292,6 +293,20 @@ def _lattice(v: np.ndarray, bandwidth: float) -> _Lattice:
     else:
         coords = t - np.repeat(seg_offset, last - first + 1)
     return _Lattice(step, coords, seg_start, seg_offset, int(length.sum()))
+
+
+def grid_step(bandwidth: float) -> float:
+    """The grid step ``h = Δ / STEPS_PER_BANDWIDTH``, rounded to a float32 number.
+
+    With ``h`` a float32 number, every mode ``j·h`` (``j`` integer or half-integer, ``|2j| <
+    2^24``) rounded to float32 equals the float32 product ``float32(2j) × float32(h/2)``, so the
+    modes can be stored as small integers ``2j`` and rebuilt exactly by one ``Mul`` (the
+    ``--codebook`` storage does that). A bandwidth whose step is not a normal float32 keeps the
+    unrounded step (its modes are then stored as floats).
+    """
+    step = bandwidth / STEPS_PER_BANDWIDTH
+    step32 = float(np.float32(step))
+    return step32 if np.isfinite(step32) and step32 >= np.finfo(np.float32).tiny else step
 
 
 def _kernels(bandwidth: float, total: float) -> list:

@@ -2,7 +2,7 @@
 
 Each eligible layer's weight tensor is replaced by its hashed version (every weight becomes the
 mode of its KDE cell), or by the uniform int8 baseline. Biases are never hashed. With
-``codebook=True`` the hashed tensor is stored as a float codebook plus bit-packed codes and
+``codebook=True`` the hashed tensor is stored as a codebook plus escape-coded codes and
 rebuilt by standard ops that onnxruntime folds into a constant when the session starts
 (``codebook.py``): the file shrinks, the computation is the plain hashed model's.
 """
@@ -15,12 +15,13 @@ from typing import Callable, Optional
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
 from ..analysis.layers import ConstantTensors, Refusal, scan_layers
 from ..config import HashConfig
 from ..hashing import hash_tensor, uniform_int8
-from .codebook import MIN_OPSET, CodebookWriter, opset_version
+from ..hashing.kde import grid_step
+from .codebook import MIN_OPSET, opset_version, refusal, tensor_codes, write_codebooks
 
 
 @dataclasses.dataclass
@@ -41,7 +42,8 @@ class LayerHash:
     factor: Optional[float] = None
     modes: Optional[int] = None
     u_l: Optional[float] = None      # per-weight bound min(A, B)
-    code_bits: Optional[int] = None  # --codebook: bits per stored weight
+    code_bits: Optional[float] = None  # --codebook: stored code bits per weight (mean)
+    codebook_type: Optional[str] = None  # --codebook: "int16" (grid indices x step) or "float32"
     seconds: float = 0.0
     reasons: list = dataclasses.field(default_factory=list)
 
@@ -52,7 +54,7 @@ class HashPassResult:
     layers: list                     # LayerHash per eligible layer
     refused: list                    # Refusal per candidate that is not eligible
     codebook_layers: int = 0
-    codebooks: dict = dataclasses.field(default_factory=dict)  # weight -> (codebook, codes) as hashed
+    lattice_units: dict = dataclasses.field(default_factory=dict)  # weight -> h/2 of its modes' grid (None: no grid)
 
 
 class HashPass:
@@ -99,37 +101,50 @@ class HashPass:
         if self.progress:
             self.progress(len(scan.layers), len(scan.layers), "")
         result = HashPassResult(out, stats, list(scan.refused),
-                                codebooks={l.weight: (r.codebook, r.codes) for l, r in codebooks})
+                                lattice_units={l.weight: _lattice_unit(r) for l, r in codebooks})
         if self.codebook:
             store_codebooks(result)
         return result
 
 
+def _lattice_unit(res) -> Optional[float]:
+    """``h/2`` of the grid the KDE modes sit on (``codebook.py`` stores them as integers)."""
+    bandwidth = getattr(res, "bandwidth", None)
+    return grid_step(bandwidth) / 2 if bandwidth else None
+
+
 def store_codebooks(result: HashPassResult) -> None:
     """Store each hashed weight that is still a plain constant of ``result.model`` as a codebook
-    and bit-packed codes (in place). Run it last: later passes need plain constant weights. The
-    codebook is built from the tensor's current values (merging may have folded weights)."""
+    and escape-coded codes (in place, ``codebook.py``). Run it last: later passes need plain
+    constant weights. The codebook is built from the tensor's current values (merging may have
+    folded weights); a tensor the storage would not shrink stays plain, with the reason."""
     model = result.model
     rows = {row.weight: row for row in result.layers}
     consts = ConstantTensors(model)
-    todo = [w for w in result.codebooks if w in consts]
+    todo = [w for w in result.lattice_units if w in consts]
     if todo and opset_version(model) < MIN_OPSET:
         for w in todo:
             rows[w].reasons.append(f"codebook storage needs opset >= {MIN_OPSET}; weights stored plainly")
         return
-    writer = CodebookWriter(model.graph)
+    tensors = []
     for w in todo:
-        values = consts.array(w)
-        codebook, codes = np.unique(values, return_inverse=True)
-        dtype = np.uint8 if codebook.size <= 256 else np.uint16 if codebook.size <= 65536 else np.int32
-        rows[w].code_bits = _to_codebook(model, writer, w, codebook.astype(np.float32),
-                                         codes.reshape(values.shape).astype(dtype))
-    result.codebook_layers = len(todo)
+        t = tensor_codes(w, consts.array(w), result.lattice_units[w])
+        why = refusal(t)
+        if why is None:
+            tensors.append(t)
+        else:
+            rows[w].reasons.append(f"codebook storage: {why}; stored plainly")
+    for t in tensors:
+        _remove_constant(model, t.name)
+    stored = write_codebooks(model.graph, tensors, opset_version(model))
+    for t in tensors:
+        rows[t.name].code_bits = round(stored[t.name][0], 3)
+        rows[t.name].codebook_type = "int16" if t.lattice is not None else "float32"
+    result.codebook_layers = len(tensors)
 
 
-def _to_codebook(model: onnx.ModelProto, writer: CodebookWriter, name: str, codebook: np.ndarray,
-                 codes: np.ndarray) -> int:
-    """Replace the constant ``name`` by its codebook decoder; returns bits per weight."""
+def _remove_constant(model: onnx.ModelProto, name: str) -> None:
+    """Remove the constant ``name`` (an initializer or a Constant node's output)."""
     graph = model.graph
     for i, t in enumerate(graph.initializer):
         if t.name == name:
@@ -144,7 +159,6 @@ def _to_codebook(model: onnx.ModelProto, writer: CodebookWriter, name: str, code
         if vi.name == name:
             del graph.input[i]
             break
-    return writer.add(name, codebook, codes)
 
 
 def refusal_dict(r: Refusal) -> dict:

@@ -1,4 +1,5 @@
-"""The hash pass on small graphs: what changes, what is refused and why, codebook storage."""
+"""The hash pass on small graphs: what changes, what is refused and why (codebook storage:
+test_codebook.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import redpp_onnx
 from redpp_onnx.analysis.layers import ConstantTensors, scan_layers
 from redpp_onnx.compress import compress
 from redpp_onnx.config import CompressConfig, HashConfig
-from redpp_onnx.passes import codebook
 from redpp_onnx.passes.hash import HashPass
 
 from ..graphs import GraphBuilder, conv_bn_relu_gemm
@@ -93,34 +93,3 @@ def test_constant_node_weight_is_hashed():
 def test_uniform_int8_baseline():
     result = HashPass(HashConfig(uniform_int8=True)).run(conv_bn_relu_gemm())
     assert all(r.method == "uniform-int8" and r.distinct_after <= 255 for r in result.layers)
-
-
-@pytest.mark.parametrize("bits", [1, 3, 7, 8, 9, 12, 16])
-def test_pack_unpack_round_trip(bits):
-    rng = np.random.default_rng(bits)
-    codes = rng.integers(0, 1 << bits, size=1001)
-    packed = codebook.pack(codes, bits)
-    assert packed.size == (1001 * bits + 7) // 8 + 2
-    assert np.array_equal(codebook.unpack(packed, bits, codes.size), codes)
-
-
-@pytest.mark.parametrize("weight_error,n_out", [(0.05, 16), (0.002, 64), (0.01, 3)])
-def test_codebook_model_equals_hashed_model(weight_error, n_out):
-    """Byte codes (<= 256 values), bit-packed codes (> 256 values) and a tiny layer."""
-    g = GraphBuilder(3)
-    h = g.node("Relu", [g.conv("x", 16, n_out)])
-    y = g.gemm(g.node("Flatten", [g.node("GlobalAveragePool", [h])]), n_out, 40)
-    model = g.model(["N", 16, 9, 9], y)
-    cfg = CompressConfig(hash=HashConfig(weight_error=weight_error), verify=False)
-    hashed, _ = compress(model, cfg)
-    packed, report = compress(model, CompressConfig(hash=cfg.hash, codebook=True, verify=False))
-    onnx.checker.check_model(packed, full_check=True)
-    changed = [l for l in report.layers if l["eligible"] and l["method"] != "unchanged"]
-    bits = [l["code_bits"] for l in changed]
-    assert report.model["codebook_layers"] == len(changed) >= 1 and all(b is not None for b in bits)
-    x = np.random.default_rng(0).standard_normal((3, 16, 9, 9)).astype(np.float32)
-    assert np.array_equal(_run(hashed, x), _run(packed, x))
-    # the weights were replaced by decoders: no float tensor of the weights' size is left
-    assert not any(t.dims and list(t.dims) == [n_out, 16, 3, 3] for t in packed.graph.initializer)
-    if weight_error == 0.002:
-        assert max(bits) > 8  # the bit-packed path was exercised

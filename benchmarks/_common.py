@@ -1,0 +1,27 @@
+"""What the benchmark scripts share: their --shared/--out arguments and how they save results."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def shared_parser(doc: str, result_name: str) -> argparse.ArgumentParser:
+    """A parser with ``--shared`` (../shared/bench beside the checkout) and ``--out``
+    (benchmarks/results/RESULT_NAME); the description is the docstring's first line."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--shared", default=str(ROOT.parent / "shared" / "bench"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / result_name))
+    return ap
+
+
+def write_json(path, payload: dict) -> Path:
+    """Save ``payload`` (indented, UTF-8, final newline), creating the folder; says where."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"wrote {out}")
+    return out

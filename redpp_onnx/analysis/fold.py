@@ -1,0 +1,72 @@
+"""Constant folding for the analyses: weights computed from constants become plain constants.
+
+A ``--codebook`` model rebuilds its weights with standard ops from stored codes (onnxruntime
+folds them when the session starts); so may other exporters' models (a weight-norm ``Div``, a
+``DequantizeLinear`` of int8 weights). The analyses read weights as constants, so they first
+fold such computations, with onnxruntime itself (graph optimizations off: the kernels that fold
+them at session start, nothing else rewritten), on a copy. The model given is never changed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+# nodes that must not be evaluated ahead of time even when their inputs are constants
+_NOT_FOLDED = {"RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout"}
+
+
+def _foldable(node: onnx.NodeProto, constant: set) -> bool:
+    return (node.domain in ("", "ai.onnx") and node.op_type not in _NOT_FOLDED and node.op_type != "Constant"
+            and bool(node.input) and all(not i or i in constant for i in node.input)
+            and not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute))
+
+
+def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with its main graph's constant-only nodes replaced by initializers of their
+    values (the same object when there is nothing to fold; a copy otherwise). Tensors whose type
+    shape inference cannot tell are left computed."""
+    graph = model.graph
+    constant = {t.name for t in graph.initializer}
+    constant |= {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    folded = []
+    for node in graph.node:
+        if _foldable(node, constant):
+            folded.append(node)
+            constant.update(o for o in node.output if o)
+    if not folded:
+        return model
+    produced = {o for n in folded for o in n.output if o}
+    used_elsewhere = {i for n in graph.node if n not in folded for i in n.input} | {o.name for o in graph.output}
+    needed = [o for n in folded for o in n.output if o in used_elsewhere]
+    types = {vi.name: vi.type for vi in onnx.shape_inference.infer_shapes(model).graph.value_info}
+    needed = [o for o in needed if o in types and types[o].HasField("tensor_type")]
+    if not needed:
+        return model
+    inputs = {i for n in folded for i in n.input}
+    sub = helper.make_graph([n for n in graph.node if n.op_type == "Constant" and n.output[0] in inputs] + folded,
+                            "constants", [],
+                            [helper.make_tensor_value_info(o, types[o].tensor_type.elem_type, None) for o in needed],
+                            [t for t in graph.initializer if t.name in inputs])
+    sub_model = helper.make_model(sub, opset_imports=list(model.opset_import), ir_version=min(model.ir_version, 10))
+    import onnxruntime as ort
+
+    from ..runtime import session
+
+    try:
+        values = session(sub_model, graph_optimization_level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL).run(needed, {})
+    except Exception:  # noqa: BLE001 - folding only helps the analyses read weights; without it they say why
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    keep = [n for n in out.graph.node if not (_foldable(n, constant) and set(n.output) <= produced)]
+    del out.graph.node[:]
+    out.graph.node.extend(keep)
+    out.graph.initializer.extend(numpy_helper.from_array(np.asarray(v), name) for name, v in zip(needed, values))
+    # initializers only the folded nodes used are dropped
+    used = {i for n in out.graph.node for i in n.input} | {o.name for o in out.graph.output}
+    kept = [t for t in out.graph.initializer if t.name in used]
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(kept)
+    return out

@@ -1,0 +1,262 @@
+"""--codebook storage: escape levels, the width planner, lattice codebooks, banks, and the
+decoder graph in onnxruntime against the numpy arrays it stores (bit for bit)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+from onnx import numpy_helper as nh
+
+import redpp_onnx
+from redpp_onnx.analysis.layers import LARGE_CONSTANT, static_shapes
+from redpp_onnx.compress import compress
+from redpp_onnx.config import CompressConfig, HashConfig
+from redpp_onnx.hashing import hash_tensor
+from redpp_onnx.hashing.kde import grid_step
+from redpp_onnx.passes import codebook as cb
+
+from ..graphs import GraphBuilder
+
+
+def _run(model, x):
+    return redpp_onnx.session(model.SerializeToString()).run(None, {"x": x})[0]
+
+
+def _hashed_like(rng, n, n_values, spread=2.5):
+    """Codes of a roughly normal tensor hashed to ``n_values`` values (a few dominate)."""
+    centre = (n_values - 1) / 2
+    codes = np.clip(np.rint(rng.normal(centre, n_values / (2 * spread), n)), 0, n_values - 1)
+    return codes.astype(np.int64)
+
+
+# --------------------------------------------------------------------------- bit streams, levels
+
+@pytest.mark.parametrize("bits", [1, 3, 7, 8, 9, 12, 16])
+def test_pack_unpack_round_trip(bits):
+    rng = np.random.default_rng(bits)
+    codes = rng.integers(0, 1 << bits, size=1001)
+    packed = cb.pack(codes, bits)
+    assert packed.size == (1001 * bits + 7) // 8 + 2
+    assert np.array_equal(cb.unpack(packed, bits, codes.size), codes)
+
+
+def test_pack_fields_of_mixed_widths_round_trip():
+    rng = np.random.default_rng(1)
+    widths = rng.integers(0, 17, 3000)
+    fields = rng.integers(0, 1 << 16, 3000) % (1 << widths)
+    packed = cb.pack_fields(fields, widths)
+    assert packed.size == (int(widths.sum()) + 7) // 8 + 2
+    assert np.array_equal(cb.unpack(packed, widths, fields.size), fields)
+    with pytest.raises(ValueError, match="does not fit"):
+        cb.pack_fields([4], [2])
+
+
+@pytest.mark.parametrize("layout", [cb.Layout(4, (0, 0, 1, 2, 3, 5, 8)), cb.Layout(2, (3, 5, 9)),
+                                    cb.Layout(1, (0, 9)), cb.Layout(16, (0,) * 300)])
+def test_encode_decode_round_trip(layout):
+    codes = _hashed_like(np.random.default_rng(2), 5000, 300)
+    cls, off = cb.encode(codes, layout)
+    assert int(cls.max()) < (1 << layout.width) and np.all(off < (1 << np.asarray(layout.classes)[cls]))
+    assert np.array_equal(cb.decode(cls, off, layout), codes)
+    with pytest.raises(ValueError, match="does not fit"):
+        cb.encode(np.array([layout.capacity]), layout)
+
+
+def test_plan_layout_cost_is_the_stored_bits_and_nears_the_entropy():
+    codes = _hashed_like(np.random.default_rng(0), 20000, 300)
+    book, ranks = cb.rank_codes(codes.astype(np.float32))
+    hist = cb.rank_histogram(ranks, book.size)
+    bits, layout = cb.plan_layout(hist)
+    assert bits == cb.stored_bits(ranks, layout)
+    assert layout.width in (1, 2, 4) and not layout.direct
+    p = hist[hist > 0] / hist.sum()
+    entropy = float(-(p * np.log2(p)).sum()) * codes.size
+    assert entropy <= bits < entropy + 0.15 * codes.size < 9 * codes.size  # flat codes need 9 bits
+    # uniform codes: no layout beats plain bytes, which win the tie
+    flat = np.random.default_rng(1).integers(0, 256, 20000)
+    assert cb.plan_layout(np.bincount(flat, minlength=256)) == (8 * 20000, cb.Layout(8, (0,) * 256))
+    # two values: one bit; one frequent value: a 1-bit class field, the others 1 + 2 bits
+    assert cb.plan_layout(np.array([7, 3])) == (10, cb.Layout(1, (0, 0)))
+    assert cb.plan_layout(np.array([50, 30, 10, 5, 5])) == (200, cb.Layout(1, (0, 2)))
+    with pytest.raises(ValueError, match="invalid layout"):
+        cb.Layout(2, (0,) * 5)
+
+
+def test_rank_codes_most_frequent_first():
+    values = np.array([0.5, -1.0, 0.5, 2.0, 0.5, -1.0], np.float32)
+    book, codes = cb.rank_codes(values)
+    assert book.tolist() == [0.5, -1.0, 2.0] and np.array_equal(book[codes], values)
+
+
+def test_lattice_codes_exact_or_none():
+    unit = float(np.float32(0.0123))
+    k = np.array([-300, -1, 0, 1, 7, 32000], np.int16)
+    book = k.astype(np.float32) * np.float32(unit)
+    assert np.array_equal(cb.lattice_codes(book, unit), k)
+    off = book.copy()
+    off[2] = np.nextafter(np.float32(0), np.float32(1))
+    assert cb.lattice_codes(off, unit) is None                      # a value off the lattice
+    assert cb.lattice_codes(np.float32([0, 40000 * unit]), unit) is None  # beyond int16
+    assert cb.lattice_codes(book, None) is None
+    assert cb.lattice_codes(book, 0.1) is None                      # unit not a float32 number
+
+
+def test_kde_modes_lie_on_the_float32_lattice():
+    """What lets hashed codebooks be stored as int16: every mode is float32(k) * (h/2)."""
+    rng = np.random.default_rng(3)
+    for w in (rng.standard_normal(4000) * 0.05, rng.laplace(0, 0.02, 3000), rng.uniform(-1, 1, 2000)):
+        res = hash_tensor(w.astype(np.float32))
+        assert res.reason is None
+        assert cb.lattice_codes(np.unique(res.hashed), grid_step(res.bandwidth) / 2) is not None
+
+
+# --------------------------------------------------------------------------- banks and the graph
+
+def _decoder_model(tensors, opset):
+    """A graph whose outputs are x * W for every stored tensor W (x: a scalar input)."""
+    graph = helper.make_graph([], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [])], [])
+    stored = cb.write_codebooks(graph, tensors, opset)
+    for t in tensors:
+        y = f"y_{t.name}"
+        graph.node.append(helper.make_node("Mul", [t.name, "x"], [y]))
+        graph.output.append(helper.make_tensor_value_info(y, TensorProto.FLOAT, list(t.shape)))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    return model, stored
+
+
+SPECS = (((64, 32, 3, 3), 300), ((128, 64), 500), ((16, 8, 3, 3), 40), ((1001,), 200), ((3, 2), 4),
+         ((20, 5), 1))
+
+
+def _tensors(rng, specs=SPECS):
+    """Hashed-like tensors (lattice codebooks) of several histograms and sizes (not multiples of
+    8), and one with a float codebook."""
+    unit = float(np.float32(1e-3))
+    out = []
+    for i, (shape, n_values) in enumerate(specs):
+        codes = _hashed_like(rng, int(np.prod(shape)), n_values)
+        k = rng.permutation(np.arange(-n_values, n_values))[:n_values].astype(np.int16)
+        values = (k.astype(np.float32) * np.float32(unit))[codes].reshape(shape)
+        out.append(cb.tensor_codes(f"w{i}", values, unit))
+    floats = rng.standard_normal(37).astype(np.float32)[_hashed_like(rng, 4093, 37)].reshape(4093)
+    out.append(cb.tensor_codes("wf", floats, unit))
+    return out
+
+
+def _check_decoders(tensors, opset, tmp_path):
+    model, stored = _decoder_model(tensors, opset)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    outs = sess.run(None, {"x": np.array(1.0, np.float32)})
+    for t, y in zip(tensors, outs):
+        assert np.array_equal(y, t.codebook[t.codes].reshape(t.shape)), t.name
+        bits, layout = stored[t.name]
+        assert bits == cb.stored_bits(t.codes, layout) / t.codes.size
+    folded = onnx.load(str(tmp_path / "opt.onnx"))
+    assert {n.op_type for n in folded.graph.node} == {"Mul"}  # every decoder folded at load
+    return model, stored
+
+
+@pytest.mark.parametrize("opset", [11, 13, 17])
+def test_decoders_rebuild_every_tensor_bit_for_bit_and_onnxruntime_folds_them(opset, tmp_path):
+    tensors = _tensors(np.random.default_rng(opset))
+    assert sum(t.lattice is None for t in tensors) == 1  # the float one
+    model, stored = _check_decoders(tensors, opset, tmp_path)
+    layout = stored["w0"][1]
+    assert layout.width == 4 and not layout.direct  # classes and suffixes were exercised
+    assert any(t.data_type == TensorProto.INT16 for t in model.graph.initializer)
+
+
+@pytest.mark.parametrize("n_values,width", [(2, 1), (16, 4), (256, 8), (65536, 16)])
+def test_decoders_of_direct_layouts(n_values, width, tmp_path):
+    """Uniform codes: plain 1-bit, 4-bit, uint8 and uint16 fields (ties go to no suffix)."""
+    rng = np.random.default_rng(n_values)
+    unit = float(np.float32(1e-3))
+    values = (np.float32(unit) * rng.permutation(np.arange(n_values * 4) % n_values)).astype(np.float32)
+    t = cb.tensor_codes("w", values.reshape(-1, 4), unit)
+    _, stored = _check_decoders([t], 17, tmp_path)
+    assert stored["w"][1].direct and stored["w"][1].width == width
+
+
+def test_banks_are_cut_at_their_size_limit(monkeypatch, tmp_path):
+    monkeypatch.setattr(cb, "BANK_WEIGHTS", 20000)
+    tensors = _tensors(np.random.default_rng(9))
+    assert [len(b) for b in cb.banks(tensors)] == [1, 6]  # 18432, then 8192 + ... + 4093 <= 20000
+    model, _ = _check_decoders(tensors, 17, tmp_path)
+    assert sum(n.op_type == "CumSum" for n in model.graph.node) == 2  # one decoder per bank
+
+
+def test_refusal_of_tensors_the_storage_would_not_shrink():
+    rng = np.random.default_rng(7)
+    distinct = cb.tensor_codes("d", rng.standard_normal(1000).astype(np.float32), None)
+    assert "would not shrink" in cb.refusal(distinct)
+    few = cb.tensor_codes("h", rng.standard_normal(8)[rng.integers(0, 8, 1000)].astype(np.float32), None)
+    assert cb.refusal(few) is None
+
+
+# --------------------------------------------------------------------------- through compress
+
+@pytest.mark.parametrize("weight_error,n_out", [(0.05, 16), (0.002, 64), (0.01, 3)])
+def test_codebook_model_equals_hashed_model(weight_error, n_out):
+    """Few values, many values (escape levels) and a tiny layer."""
+    g = GraphBuilder(3)
+    h = g.node("Relu", [g.conv("x", 16, n_out)])
+    y = g.gemm(g.node("Flatten", [g.node("GlobalAveragePool", [h])]), n_out, 40)
+    model = g.model(["N", 16, 9, 9], y)
+    cfg = CompressConfig(hash=HashConfig(weight_error=weight_error), verify=False)
+    hashed, plain_report = compress(model, cfg)
+    packed, report = compress(model, CompressConfig(hash=cfg.hash, codebook=True, verify=False))
+    onnx.checker.check_model(packed, full_check=True)
+    changed = [l for l in report.layers if l["eligible"] and l["method"] != "unchanged"]
+    bits = [l["code_bits"] for l in changed]
+    assert report.model["codebook_layers"] == len(changed) >= 1 and all(b is not None for b in bits)
+    assert all(l["codebook_type"] == "int16" for l in changed)  # KDE modes: grid indices x step
+    x = np.random.default_rng(0).standard_normal((3, 16, 9, 9)).astype(np.float32)
+    assert np.array_equal(_run(hashed, x), _run(packed, x))
+    # the weights were replaced by decoders: no float tensor of the weights' size is left, and the
+    # hashed codebooks went in as int16 lattice integers
+    assert not any(t.dims and list(t.dims) == [n_out, 16, 3, 3] for t in packed.graph.initializer)
+    assert any(t.data_type == TensorProto.INT16 for t in packed.graph.initializer)
+    assert not any(t.data_type == TensorProto.INT16 for t in hashed.graph.initializer)
+    # the report's numbers describe the same model
+    for key in ("params_after", "macs_after", "distinct_values_after"):
+        assert report.model[key] == plain_report.model[key], key
+    if weight_error == 0.002:
+        assert max(l["modes"] for l in changed) > 256
+
+
+def test_static_shapes_of_a_codebook_model_cut_the_decoders(monkeypatch):
+    """Shape inference with data propagation copies integer constants element by element: the
+    decoders are replaced by inputs first, and the shapes are those of the plain model."""
+    g = GraphBuilder(4)
+    y = g.gemm(g.node("Flatten", [g.node("GlobalAveragePool", [g.conv("x", 16, 64)])]), 64, 40)
+    model = g.model(["N", 16, 9, 9], y)
+    cfg = CompressConfig(hash=HashConfig(weight_error=0.002), verify=False)
+    hashed, _ = compress(model, cfg)
+    packed, _ = compress(model, CompressConfig(hash=cfg.hash, codebook=True, verify=False))
+    seen = []
+    real = onnx.shape_inference.infer_shapes
+
+    def spy(m, *args, **kwargs):
+        seen.append((kwargs.get("data_prop", False), onnx.ModelProto.FromString(m.SerializeToString())))
+        return real(m, *args, **kwargs)
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", spy)
+    plain_shapes, packed_shapes = static_shapes(hashed), static_shapes(packed)
+    assert all(packed_shapes[k] == v for k, v in plain_shapes.items())
+    (first_prop, first), (second_prop, second) = seen[-2:]
+    assert not first_prop and second_prop
+    # tensors computed from the input x; every other node with a large output is a decoder's
+    from_x = {"x"}
+    for n in packed.graph.node:
+        if from_x & set(n.input):
+            from_x.update(n.output)
+    large = lambda m: {o for n in m.graph.node for o in n.output  # noqa: E731
+                       if o not in from_x and np.prod(packed_shapes.get(o, (0,))) > LARGE_CONSTANT}
+    assert large(first) and not large(second)  # the decoders' large outputs were cut off
