@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .errors import RedppError
+from .errors import RedppError, VerificationFailed
 
 EXIT_USER_ERROR = 2
 
@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--portable", action="store_true",
                    help="emit the split computation with standard ONNX ops only (no custom-op library needed)")
     c.add_argument("--no-verify", action="store_true", help="skip the check on seeded random inputs")
+    c.add_argument("--max-rel-l2", type=float, metavar="X",
+                   help="fail (exit 3, no model written; the --report is) when the verification's relative L2 "
+                        "difference exceeds X, e.g. 0.1 as a gate in a pipeline")
     c.add_argument("--plot", metavar="DIR",
                    help="also write per-layer figures (reduction by step; expected vs measured pruning) "
                         "into DIR (needs matplotlib: pip install 'redpp-onnx[plot]')")
@@ -166,8 +169,17 @@ def _compress(args) -> int:
         if external:
             data_files = {src.parent / t for t in _external_locations(src)}
             file_before += sum(p.stat().st_size for p in data_files if p.is_file())
+    if args.max_rel_l2 is not None and (args.no_verify or not args.max_rel_l2 >= 0):
+        raise RedppError("--max-rel-l2 needs verification (drop --no-verify) and a value >= 0")
     model, report = compress(src, config, progress=_Progress("hashing", not args.quiet),
                              file_bytes_before=file_before, plot_dir=args.plot)
+    rel = report.verify.get("max_rel_l2")
+    if args.max_rel_l2 is not None and (rel is None or not rel <= args.max_rel_l2):
+        if args.report:
+            _write_text_atomic(Path(args.report), report.to_json())
+        found = "verification was skipped: " + report.verify.get("skipped", "?") if rel is None else \
+            f"max relative L2 {rel:.3g} > --max-rel-l2 {args.max_rel_l2:g}"
+        raise VerificationFailed(f"{found}; {dst} was not written" + (f" (report: {args.report})" if args.report else ""))
     report.model["file_bytes_after"] = save_model(model, dst, force=True, external=external)
     report.output = str(dst)
     if args.report:
@@ -290,7 +302,7 @@ def main(argv=None) -> int:
             return _bench(args)
     except RedppError as err:
         print(f"redpp-onnx: error: {err}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        return getattr(err, "exit_code", EXIT_USER_ERROR)
     except KeyboardInterrupt:
         print("redpp-onnx: interrupted; nothing was written", file=sys.stderr)
         return 130

@@ -14,6 +14,7 @@ from typing import Callable, Optional, Union
 import onnx
 
 from . import __version__, io, verify
+from .analysis.fold import resolve_constant_identities
 from .analysis.layers import scan_layers
 from .config import CompressConfig
 from .errors import RedppError
@@ -43,9 +44,11 @@ def compress(model: Union[str, onnx.ModelProto], config: CompressConfig = Compre
     timings["load"] = time.perf_counter() - t0
     if file_bytes_before is None:
         file_bytes_before = len(io.serialize(model))
-    eligible_before = scan_layers(model, include_grouped=config.hash.include_depthwise)
+    # exporters rename deduplicated constants with Identity nodes: the passes read them directly
+    work, aliases = resolve_constant_identities(model)
+    eligible_before = scan_layers(work, include_grouped=config.hash.include_depthwise)
 
-    out, hashed, merged, split, calibration = model, None, None, None, None
+    out, hashed, merged, split, calibration = work, None, None, None, None
     if "hash" in config.steps:
         t = time.perf_counter()
         hashed = HashPass(config.hash, progress=progress).run(out)
@@ -103,7 +106,9 @@ def compress(model: Union[str, onnx.ModelProto], config: CompressConfig = Compre
     report = Report(tool={"name": "redpp-onnx", "version": __version__},
                     config=dataclasses.asdict(config), model=summary, layers=layers,
                     verify=verify_info, timings=timings,
-                    notes=_notes(config, hashed, merged, split, calibration) + _control_flow_note(model),
+                    notes=_notes(config, hashed, merged, split, calibration) + _control_flow_note(model)
+                    + ([f"{aliases} Identity node(s) that only renamed a constant were removed; their consumers "
+                        "read the constant directly"] if aliases else []) + _verify_warning(verify_info),
                     input=source,
                     merge_groups=[dataclasses.asdict(g) for g in merged.groups] if merged else None,
                     calibration=dataclasses.asdict(calibration) if calibration else None)
@@ -189,6 +194,20 @@ def _op_counts(model: onnx.ModelProto) -> dict:
         key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
         counts[key] = counts.get(key, 0) + 1
     return dict(sorted(counts.items()))
+
+
+WARN_REL_L2 = 0.25
+"""A verification relative L2 above this gets a warning (hashing alone gave <= 0.09 on the shared
+models, whose accuracy it keeps)."""
+
+
+def _verify_warning(verify_info: dict) -> list:
+    rel = verify_info.get("max_rel_l2")
+    if rel is None or rel <= WARN_REL_L2:
+        return []
+    return [f"WARNING: the outputs differ from the input model's by {rel:.3g} (relative L2 on seeded random "
+            "inputs): accuracy is probably lost; measure it with `redpp-onnx eval OUT --ref IN --data ...`, "
+            "or lower the settings that change the function (--alpha, --split-tolerance, --weight-error)"]
 
 
 def _control_flow_note(model: onnx.ModelProto) -> list:

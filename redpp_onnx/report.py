@@ -128,5 +128,5 @@ def render_table(r: Report) -> str:
         lines.append(f"verify: max |diff| {v['max_abs_diff']:.3g}, max relative L2 {v['max_rel_l2']:.3g} "
                      f"(batch {v['batch']} of seeded random inputs, onnxruntime)")
     for note in r.notes:
-        lines.append(f"note: {note}")
+        lines.append(f"warning: {note[len('WARNING: '):]}" if note.startswith("WARNING: ") else f"note: {note}")
     return "\n".join(lines) + "\n"

@@ -372,6 +372,9 @@ class _Analyzer:
         info = _Info(self.uf.make(n), axis, rank)
         self.info[out] = info
         bias_reason = None
+        if op == "Conv" and layer.bias and self.const(layer.bias) is None:
+            params.pop()  # not a constant: nothing to read or edit
+            bias_reason = f"Conv {name} adds a computed bias ({layer.bias})"
         if op == "Gemm" and len(node.input) > 2 and node.input[2]:
             c = self.const(node.input[2])
             if c is None:

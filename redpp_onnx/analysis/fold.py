@@ -70,3 +70,43 @@ def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
     del out.graph.initializer[:]
     out.graph.initializer.extend(kept)
     return out
+
+
+def resolve_constant_identities(model: onnx.ModelProto) -> tuple:
+    """``(model', n)``: ``model`` without its main graph's ``n`` Identity nodes that only rename a
+    constant (exporters write them when they deduplicate equal initializers); their consumers,
+    in subgraphs too, read the constant directly. ``model'`` is ``model`` itself when ``n == 0``,
+    else a copy. An Identity that produces a graph output stays."""
+    graph = model.graph
+    constant = {t.name for t in graph.initializer}
+    constant |= {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    outputs = {o.name for o in graph.output}
+    alias = {}
+    for node in graph.node:
+        if (node.op_type == "Identity" and node.domain in ("", "ai.onnx") and len(node.input) == 1
+                and node.output[0] not in outputs):
+            source = alias.get(node.input[0], node.input[0])
+            if source in constant:
+                alias[node.output[0]] = source
+    if not alias:
+        return model, 0
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    keep = [n for n in out.graph.node if not (n.op_type == "Identity" and n.output and n.output[0] in alias)]
+    del out.graph.node[:]
+    out.graph.node.extend(keep)
+    _rename_inputs(out.graph, alias)
+    return out, len(alias)
+
+
+def _rename_inputs(graph: onnx.GraphProto, alias: dict) -> None:
+    for node in graph.node:
+        for k, name in enumerate(node.input):
+            if name in alias:
+                node.input[k] = alias[name]
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                _rename_inputs(a.g, alias)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for g in a.graphs:
+                    _rename_inputs(g, alias)

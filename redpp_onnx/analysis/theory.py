@@ -77,7 +77,8 @@ The graph is walked in order, tracking per-channel ``(mean, variance)`` of activ
 * ``Slice`` / ``Pad`` on the channel axis select / add channels (padding adds channels of the
   pad value with variance 0); on spatial axes they keep the per-channel statistics (spatial
   zero padding is ignored: an approximation at the borders);
-* ``MaxPool`` / ``AveragePool`` / ``GlobalAveragePool`` / ``GlobalMaxPool`` keep the
+* ``MaxPool`` / ``AveragePool`` / ``GlobalAveragePool`` / ``GlobalMaxPool`` (and ``ReduceMean`` /
+  ``ReduceMax`` over exactly the spatial axes, a global pool) keep the
   per-channel mean (exact for average pooling, an under-estimate for max pooling) and the
   variance (an upper bound for the average of correlated positions, ``Var(mean) ≤ mean Var``);
 * ``Flatten`` / ``Reshape`` / ``Squeeze`` to ``[N, F]``, ``Identity``, ``Dropout``: map channels
@@ -609,6 +610,8 @@ class _Walker:
                 self.note(f"{op}: the per-channel mean is kept (an under-estimate of a maximum)")
             pooled = op.startswith("Global") or self.pooled(node.output[0], s.rank, s.pooled)
             return [_Stat(s.mean, s.var, s.rank, pooled)] + [None] * (len(node.output) - 1)
+        if op in ("ReduceMean", "ReduceMax"):
+            return [self.reduce_spatial(node, label)]
         if op == "Slice":
             return [self.slice(node, label)]
         if op == "Pad":
@@ -724,6 +727,26 @@ class _Walker:
             elif ax >= 2 and (before or after):
                 self.note("spatial padding: per-channel statistics kept (border positions ignored)")
         return _Stat(mean, var, s.rank, self.pooled(node.output[0], s.rank, s.pooled))
+
+    def reduce_spatial(self, node, label) -> _Stat:
+        """``ReduceMean`` / ``ReduceMax`` over every spatial axis (``x.mean((2, 3))``): a global
+        pool, with ``keepdims=0`` also the flatten to ``[N, C]``."""
+        s = self.get(node.input[0])
+        if len(node.input) > 1 and node.input[1]:
+            axes = self.const(node.input[1])
+            if axes is None:
+                raise _Untracked(f"{label}: computed axes")
+            axes = [int(a) for a in np.ravel(axes)]
+        else:
+            axes = _attr(node, "axes")
+        if not axes:
+            raise _Untracked(f"{label}: reduces every axis")
+        axes = sorted(a + s.rank if a < 0 else a for a in axes)
+        if s.rank < 3 or axes != list(range(2, s.rank)):
+            raise _Untracked(f"{label}: reduces axes {axes}, not exactly the spatial axes of a rank-{s.rank} tensor")
+        if node.op_type == "ReduceMax":
+            self.note("ReduceMax: the per-channel mean is kept (an under-estimate of a maximum)")
+        return _Stat(s.mean, s.var, s.rank if int(_attr(node, "keepdims", 1)) else 2, True)
 
     def flatten(self, node, label) -> _Stat:
         s = self.get(node.input[0])

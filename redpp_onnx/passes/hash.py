@@ -134,9 +134,21 @@ def store_codebooks(result: HashPassResult) -> None:
             tensors.append(t)
         else:
             rows[w].reasons.append(f"codebook storage: {why}; stored plainly")
+    if not tensors:
+        return
+    backup = onnx.GraphProto()
+    backup.CopyFrom(model.graph)
+    size_before = model.ByteSize()
     for t in tensors:
         _remove_constant(model, t.name)
     stored = write_codebooks(model.graph, tensors, opset_version(model))
+    grown = model.ByteSize() - size_before
+    if grown >= 0:  # tiny tensors: the decoder costs more than the codes save
+        model.graph.CopyFrom(backup)
+        for t in tensors:
+            rows[t.name].reasons.append(f"codebook storage would make the file {grown} bytes larger (the decoder "
+                                        "costs more than the codes save); stored plainly")
+        return
     for t in tensors:
         rows[t.name].code_bits = round(stored[t.name][0], 3)
         rows[t.name].codebook_type = "int16" if t.lattice is not None else "float32"

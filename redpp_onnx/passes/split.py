@@ -171,6 +171,9 @@ class SplitPass:
         if len(kshape) not in (1, 2):
             row.reasons.append(f"{len(kshape)}-D convolution: SplitConv handles 1-D and 2-D")
             return row, None
+        if len(node.input) > 2 and node.input[2] and node.input[2] not in consts:
+            row.reasons.append(f"kept as Conv: its bias {node.input[2]} is computed, not a constant")
+            return row, None
         nd = len(kshape)
         strides = list(_attr(node, "strides", [1] * nd))
         dilations = list(_attr(node, "dilations", [1] * nd))

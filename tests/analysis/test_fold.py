@@ -4,7 +4,6 @@ weights) read as constants, the model given unchanged."""
 from __future__ import annotations
 
 import numpy as np
-import onnx
 from onnx import numpy_helper as nh
 
 import redpp_onnx

@@ -370,3 +370,22 @@ def test_resnet20_without_data():
     assert all(math.isfinite(u) for u in report.U.values()) and report.U_default > 0
     assert report.E_norm is not None and report.E_norm > 0
     assert report.verdict in {"harmless (U/E[norm] << 1)", "uncertain", "likely harmful"}
+
+
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_enorm_through_reducemean_over_spatial_axes_equals_global_pool(keepdims):
+    """torch's x.mean((2, 3)) exports as ReduceMean: the walk reads it as a global average pool."""
+    reference = expected_logits(bn_head_model(hw=3)[0])
+    g = GraphBuilder(1)
+    h = g.node("Relu", [_bn(g, "x")])
+    h = g.node("ReduceMean", [h], axes=[2, 3], keepdims=keepdims)
+    if keepdims:
+        h = g.node("Flatten", [h])
+    w = (g.rng.standard_normal((3, 4))).astype(np.float32)
+    y = g.node("Gemm", [h, g.const(w, "G"), g.const(np.array([0.1, -0.2, 0.3], np.float32), "GB")], transB=1)
+    est = expected_logits(g.model(["N", 4, 3, 3], y))
+    assert est.reason is None and est.E_norm == pytest.approx(reference.E_norm, rel=1e-12)
+    g2 = GraphBuilder(1)
+    h2 = g2.node("ReduceMean", [g2.node("Relu", [_bn(g2, "x")])], axes=[1, 2, 3], keepdims=0)
+    y2 = g2.node("Mul", [h2, g2.const(np.float32(2.0))])
+    assert "not exactly the spatial axes" in expected_logits(g2.model(["N", 4, 3, 3], y2)).reason

@@ -4,8 +4,6 @@ test_codebook.py)."""
 from __future__ import annotations
 
 import numpy as np
-import onnx
-import pytest
 from onnx import helper
 from onnx import numpy_helper as nh
 
