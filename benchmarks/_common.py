@@ -9,11 +9,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def shared_parser(doc: str, result_name: str) -> argparse.ArgumentParser:
-    """A parser with ``--shared`` (../shared/bench beside the checkout) and ``--out``
-    (benchmarks/results/RESULT_NAME); the description is the docstring's first line."""
+def shared_parser(doc: str, result_name: str, shared: bool = True) -> argparse.ArgumentParser:
+    """A parser with ``--shared`` (../shared/bench beside the checkout; unless ``shared`` is
+    False) and ``--out`` (benchmarks/results/RESULT_NAME); the description is the docstring's
+    first line."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
-    ap.add_argument("--shared", default=str(ROOT.parent / "shared" / "bench"))
+    if shared:
+        ap.add_argument("--shared", default=str(ROOT.parent / "shared" / "bench"))
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / result_name))
     return ap
 

@@ -3,7 +3,7 @@
     python benchmarks/render_results.py [--results benchmarks/results] [--out docs/RESULTS.md]
 
 Sections appear for the result files that exist: hashing.json (results_hashing.py),
-theory.json (bench_theory.py), hashing_speed.json (bench_hashing.py), codebook.json (bench_codebook.py),
+theory.json (bench_theory.py), hashing_speed.json (bench_hashing.py), codebook.json (bench_codebook.py), scale.json (bench_scale.py),
 split_conv_threads.json (bench_split_conv_threads.py), eval_shared.json (eval_shared.py).
 """
 
@@ -320,6 +320,34 @@ def section_codebook(data) -> list[str]:
     return out + [""]
 
 
+def section_scale(data) -> list[str]:
+    rows = data["rows"]
+    out = ["## The whole command on a ResNet-50-sized model", "",
+           "Command: `python benchmarks/bench_scale.py`. A ResNet-50 graph built with onnx.helper "
+           f"({rows[0]['params']:,} parameters, {rows[0]['input_bytes']:,} bytes; seeded synthetic weights and "
+           "BatchNorm statistics, so no accuracy here); `redpp-onnx compress` in a fresh process, its wall time "
+           "and peak RSS; then onnxruntime session creation for the input and the output (median of "
+           f"{rows[0]['load_input']['runs']} fresh processes) and its peak RSS.", "",
+           "| variant | compress s | compress peak MiB | hash / merge / split / verify s | output bytes | "
+           "load s (input → output) | load peak MiB (input → output) |",
+           "|---|---:|---:|---|---:|---|---|"]
+    for r in rows:
+        t = r["timings"]
+        steps = " / ".join(f"{t.get(k, 0):.1f}" for k in ("hash", "merge", "split", "verify"))
+        out.append(f"| {r['variant']} | {r['compress']['wall_s']:.1f} | {r['compress']['peak_rss_mib']:.0f} | "
+                   f"{steps} | {r['output_bytes']:,} | {r['load_input']['create_s']:.2f} → "
+                   f"{r['load_output']['create_s']:.2f} | {r['load_input']['peak_rss_mib']:.0f} → "
+                   f"{r['load_output']['peak_rss_mib']:.0f} |")
+    cb = next((r for r in rows if "codebook" in r["variant"]), None)
+    if cb:
+        extra = (cb["load_output"]["peak_rss_mib"] - cb["load_input"]["peak_rss_mib"]) * 2 ** 20 / cb["params"]
+        out += ["", f"With `--codebook` the file is {cb['input_bytes'] / cb['output_bytes']:.2f}x smaller, and loading "
+                    f"it costs {extra:.0f} extra bytes of peak memory per weight: onnxruntime keeps every "
+                    "intermediate tensor of constant folding until folding ends. Plan the serving "
+                    "container's memory for it, or keep the plain output where memory at load matters."]
+    return out + [""]
+
+
 def section_threads(data) -> list[str]:
     out = ["## SplitConv kernel: threads and onnxruntime's Conv (issue 2)", "",
            f"Command: `python benchmarks/bench_split_conv_threads.py`; medians of {data['meta']['repeat']} runs, "
@@ -346,6 +374,7 @@ def main(argv=None):
              "are for its own weights, which we do not have (see ../shared/docs/METHOD.md).", ""]
     for name, render in (("hashing.json", section_hashing), ("theory.json", section_theory),
                          ("hashing_speed.json", section_speed), ("codebook.json", section_codebook),
+                         ("scale.json", section_scale),
                          ("merge.json", section_merge),
                          ("ablation.json", section_ablation), ("relaxed.json", section_relaxed),
                          ("latency.json", section_latency), ("split_cost.json", section_break_even),

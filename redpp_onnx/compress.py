@@ -196,6 +196,9 @@ def _op_counts(model: onnx.ModelProto) -> dict:
     return dict(sorted(counts.items()))
 
 
+CODEBOOK_LOAD_BYTES = 100
+"""Extra peak memory per stored weight while onnxruntime folds the --codebook decoders (measured
+77-97 bytes: benchmarks/bench_codebook.py, bench_scale.py)."""
 WARN_REL_L2 = 0.25
 """A verification relative L2 above this gets a warning (hashing alone gave <= 0.09 on the shared
 models, whose accuracy it keeps)."""
@@ -231,6 +234,11 @@ def _notes(config, hashed, merged, split, calibration) -> list:
                       else f"per-layer relative weight error <= {h.weight_error:g}")
             notes.append(f"hashing changes the function: every weight moves to the mode of its KDE cell "
                          f"({budget}); 'analyze' bounds the effect on the logits, data-free")
+    if hashed is not None and hashed.codebook_layers:
+        stored = sum(l.params for l in hashed.layers if l.code_bits is not None)
+        notes.append(f"--codebook: onnxruntime rebuilds the {stored:,} stored weights when a session starts; expect "
+                     f"up to about {stored * CODEBOOK_LOAD_BYTES / 2 ** 20:,.0f} MiB of extra peak memory for a moment "
+                     "and a slower session creation (docs/RESULTS.md)")
     if merged is not None:
         notes += list(merged.notes)
     if calibration is not None:

@@ -223,6 +223,8 @@ def test_codebook_model_equals_hashed_model(weight_error, n_out):
         return
     assert report.model["codebook_layers"] == len(changed) >= 1 and all(b is not None for b in bits)
     assert all(l["codebook_type"] == "int16" for l in changed)  # KDE modes: grid indices x step
+    stored = sum(l["params"] for l in changed)
+    assert any(n.startswith(f"--codebook: onnxruntime rebuilds the {stored:,} stored weights") for n in report.notes)
     # the weights were replaced by decoders: no float tensor of the weights' size is left, and the
     # hashed codebooks went in as int16 lattice integers
     assert not any(t.dims and list(t.dims) == [n_out, 16, 3, 3] for t in packed.graph.initializer)
