@@ -81,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--portable", action="store_true",
                    help="emit the split computation with standard ONNX ops only (no custom-op library needed)")
     c.add_argument("--no-verify", action="store_true", help="skip the check on seeded random inputs")
+    c.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...",
+                   help="the shape of an input whose dimensions the model leaves dynamic, for the verification, "
+                        "the MAC counts and --split auto (repeat per input; NAME= may be left out for a "
+                        "single-input model). Without it, dynamic dims other than the batch are verified at 64")
     c.add_argument("--max-rel-l2", type=float, metavar="X",
                    help="fail (exit 3, no model written; the --report is) when the verification's relative L2 "
                         "difference exceeds X, e.g. 0.1 as a gate in a pipeline")
@@ -120,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--weight-error", type=float, default=0.01, metavar="EPS", help="as for compress")
     a.add_argument("--bandwidth-factor", type=float, metavar="F", help="as for compress")
     a.add_argument("--include-depthwise", action="store_true", help="as for compress")
+    a.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...", help="as for compress")
     a.add_argument("--report", help="also write the analysis as JSON to this file")
     a.add_argument("--json", action="store_true", help="print the JSON analysis instead of the table")
     return ap
@@ -139,7 +144,8 @@ def _compress(args) -> int:
         merge=MergeConfig(alpha=args.alpha, strategy=args.merge_strategy),
         calibrate=args.calibrate, max_drop=args.max_drop,
         split=SplitConfig(mode=args.split, portable=args.portable, tune=args.tune, tolerance=args.split_tolerance),
-        codebook=args.codebook, verify=not args.no_verify)
+        codebook=args.codebook, verify=not args.no_verify,
+        input_shapes=_input_shapes(args.input_shape, args.input))
     src, dst = Path(args.input), Path(args.output)
     if dst.exists() and dst.resolve() == src.resolve():
         raise RedppError(f"{dst}: output is the input file; choose another path")
@@ -251,7 +257,39 @@ def _bench(args) -> int:
     return 0
 
 
+def _input_shapes(specs, model_path):
+    """``--input-shape`` values as {name: (dims...)}; a spec without ``NAME=`` names the model's
+    only input."""
+    if not specs:
+        return None
+    shapes = {}
+    for spec in specs:
+        name, _, dims = spec.rpartition("=")
+        try:
+            shape = tuple(int(d) for d in dims.replace("x", ",").split(",") if d.strip())
+        except ValueError:
+            shape = ()
+        if not shape:
+            raise RedppError(f"--input-shape {spec!r}: expected NAME=D0,D1,... (e.g. input=1,3,224,224)")
+        if not name:
+            import onnx
+
+            try:
+                model = onnx.load(str(model_path), load_external_data=False)
+            except Exception:  # noqa: BLE001 - not ONNX: reported when the model is loaded
+                raise RedppError(f"--input-shape {spec!r}: give NAME=D0,D1,...") from None
+            init = {t.name for t in model.graph.initializer}
+            names = [i.name for i in model.graph.input if i.name not in init]
+            if len(names) != 1:
+                raise RedppError(f"--input-shape {spec!r}: the model has {len(names)} inputs "
+                                 f"({', '.join(names)}); give NAME=D0,D1,...")
+            name = names[0]
+        shapes[name] = shape
+    return shapes
+
+
 def _analyze(args) -> int:
+    from .analysis.layers import input_shapes
     from .analysis.theory import analyze
     from .config import HashConfig
     from .io import load_model
@@ -264,9 +302,11 @@ def _analyze(args) -> int:
         raise RedppError(f"--limit must be >= 1, got {args.limit}")
     config = HashConfig(weight_error=args.weight_error, bandwidth_factor=args.bandwidth_factor,
                         include_depthwise=args.include_depthwise)
+    shapes = _input_shapes(args.input_shape, args.input)
     model = load_model(args.input)
     try:
-        result = analyze(model, config, data=args.data, limit=args.limit)
+        with input_shapes(shapes):
+            result = analyze(model, config, data=args.data, limit=args.limit)
     except ValueError as err:  # a data set the evaluator cannot read
         raise RedppError(str(err)) from None
     text = json.dumps(result.to_dict(), indent=2) + "\n"

@@ -15,7 +15,7 @@ import onnx
 
 from . import __version__, io, verify
 from .analysis.fold import resolve_constant_identities
-from .analysis.layers import scan_layers
+from .analysis.layers import input_shapes, scan_layers
 from .config import CompressConfig
 from .errors import RedppError
 from .passes.hash import HashPass, refusal_dict, store_codebooks
@@ -35,6 +35,12 @@ def compress(model: Union[str, onnx.ModelProto], config: CompressConfig = Compre
     layer)`` is called as layers are processed. ``plot_dir``: also write the per-layer figures
     there (``plots.py``; needs matplotlib) and list them in ``report.plots``.
     """
+    with input_shapes(config.input_shapes):
+        return _compress(model, config, progress=progress, file_bytes_before=file_bytes_before,
+                         plot_dir=plot_dir)
+
+
+def _compress(model, config: CompressConfig, *, progress, file_bytes_before, plot_dir):
     timings = {}
     t0 = time.perf_counter()
     source = None
@@ -42,6 +48,7 @@ def compress(model: Union[str, onnx.ModelProto], config: CompressConfig = Compre
         source = str(model)
         model = io.load_model(model)
     timings["load"] = time.perf_counter() - t0
+    _check_input_shapes(model, config.input_shapes)
     if file_bytes_before is None:
         file_bytes_before = len(io.serialize(model))
     # exporters rename deduplicated constants with Identity nodes: the passes read them directly
@@ -91,7 +98,8 @@ def compress(model: Union[str, onnx.ModelProto], config: CompressConfig = Compre
     if config.verify:
         t = time.perf_counter()
         try:
-            verify_info = verify.compare(model, out, batch=config.verify_batch, seed=config.seed).to_dict()
+            verify_info = verify.compare(model, out, batch=config.verify_batch, seed=config.seed,
+                                         shapes=config.input_shapes).to_dict()
         except RedppError as err:
             if str(err).startswith("onnxruntime cannot load the input model"):
                 raise
@@ -108,7 +116,7 @@ def compress(model: Union[str, onnx.ModelProto], config: CompressConfig = Compre
                     verify=verify_info, timings=timings,
                     notes=_notes(config, hashed, merged, split, calibration) + _control_flow_note(model)
                     + ([f"{aliases} Identity node(s) that only renamed a constant were removed; their consumers "
-                        "read the constant directly"] if aliases else []) + _verify_warning(verify_info),
+                        "read the constant directly"] if aliases else []) + _verify_warning(verify_info) + _guess_note(verify_info),
                     input=source,
                     merge_groups=[dataclasses.asdict(g) for g in merged.groups] if merged else None,
                     calibration=dataclasses.asdict(calibration) if calibration else None)
@@ -211,6 +219,31 @@ def _verify_warning(verify_info: dict) -> list:
     return [f"WARNING: the outputs differ from the input model's by {rel:.3g} (relative L2 on seeded random "
             "inputs): accuracy is probably lost; measure it with `redpp-onnx eval OUT --ref IN --data ...`, "
             "or lower the settings that change the function (--alpha, --split-tolerance, --weight-error)"]
+
+
+def _check_input_shapes(model: onnx.ModelProto, shapes: Optional[dict]) -> None:
+    inputs = {vi.name: vi for vi in model.graph.input} if shapes else {}
+    for name, shape in (shapes or {}).items():
+        if name not in inputs:
+            raise RedppError(f"--input-shape {name}: the model has no input of that name "
+                             f"(inputs: {', '.join(i.name for i in model.graph.input)})")
+        dims = inputs[name].type.tensor_type.shape.dim
+        if len(dims) != len(shape):
+            raise RedppError(f"--input-shape {name}: {len(shape)} dimensions given, the input has {len(dims)}")
+        fixed = [(k, d.dim_value, v) for k, (d, v) in enumerate(zip(dims, shape))
+                 if d.HasField("dim_value") and d.dim_value != v]
+        if fixed:
+            k, want, got = fixed[0]
+            raise RedppError(f"--input-shape {name}: axis {k} is fixed to {want} in the model, got {got}")
+
+
+def _guess_note(verify_info: dict) -> list:
+    if not verify_info.get("guessed_dims"):
+        return []
+    shapes = "; ".join(f"{k} {v}" for k, v in verify_info["input_shapes"].items())
+    return [f"verification fed {shapes}: the dynamic dimensions of {', '.join(verify_info['guessed_dims'])} "
+            f"were set to {verify.GUESS_DIM}; give the real sizes with --input-shape NAME=D0,D1,... (also counts "
+            "MACs and lets --split auto predict timings for them)"]
 
 
 def _control_flow_note(model: onnx.ModelProto) -> list:

@@ -49,6 +49,7 @@ class CompressConfig:
     verify: bool = True         # seeded random inputs through the original and the output
     verify_batch: int = 2
     seed: int = 0
+    input_shapes: Optional[dict] = None  # input name -> shape, for the model's dynamic dims
 
     def __post_init__(self):
         steps = tuple(self.steps)
@@ -67,4 +68,7 @@ class CompressConfig:
             raise RedppError("--calibrate chooses the merge α: it needs the merge step")
         if not isinstance(self.verify_batch, int) or self.verify_batch < 1:
             raise RedppError(f"verify batch must be >= 1, got {self.verify_batch!r}")
+        for name, shape in (self.input_shapes or {}).items():
+            if not shape or not all(isinstance(d, int) and d >= 1 for d in shape):
+                raise RedppError(f"--input-shape {name}: dimensions must be whole numbers >= 1, got {shape!r}")
         object.__setattr__(self, "steps", steps)

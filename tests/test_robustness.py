@@ -106,3 +106,74 @@ def test_codebook_that_would_grow_the_file_is_not_written():
     assert report.model["codebook_layers"] == 0 and packed.ByteSize() == plain.ByteSize()
     row = next(l for l in report.layers if l.get("eligible"))
     assert row["method"] == "kde" and any("would make the file" in r for r in row["reasons"])
+
+
+# --------------------------------------------------------------------------- dynamic input sizes
+
+def _dynamic_hw_model(path=None):
+    g = GraphBuilder(5)
+    h = g.node("Relu", [g.conv("x", 3, 16)])
+    h = g.node("Relu", [g.conv(h, 16, 16)])
+    y = g.gemm(g.node("Flatten", [g.node("GlobalAveragePool", [h])]), 16, 10)
+    model = g.model(["N", 3, "H", "W"], y)
+    if path is not None:
+        onnx.save(model, str(path))
+    return model
+
+
+def test_static_shapes_leave_dynamic_sizes_unknown_unless_given():
+    from redpp_onnx.analysis.layers import input_shapes, scan_layers, static_shapes
+
+    model = _dynamic_hw_model()
+    conv_out = model.graph.node[0].output[0]
+    assert conv_out not in static_shapes(model)  # not counted at a made-up 1x1 size
+    assert all(l.macs is None for l in scan_layers(model).layers if l.op_type == "Conv")
+    with input_shapes({"x": (1, 3, 8, 8)}):
+        assert static_shapes(model)[conv_out] == (1, 16, 8, 8)
+        macs = [l.macs for l in scan_layers(model).layers]
+    assert macs[:2] == [16 * 3 * 9 * 64, 16 * 16 * 9 * 64]
+
+
+def test_dynamic_sizes_are_verified_at_a_guess_and_said_so(tmp_path):
+    src, out, rep = tmp_path / "in.onnx", tmp_path / "out.onnx", tmp_path / "r.json"
+    _dynamic_hw_model(src)
+    assert main(["compress", str(src), "-o", str(out), "--report", str(rep), "-q"]) == 0
+    report = json.loads(rep.read_text())
+    assert report["verify"]["input_shapes"] == {"x": [2, 3, 64, 64]} and report["verify"]["guessed_dims"] == ["x"]
+    assert report["model"]["macs_before"] is None
+    assert any("--input-shape" in n and "set to 64" in n for n in report["notes"])
+    assert main(["compress", str(src), "-o", str(out), "--report", str(rep), "-q", "--force",
+                 "--input-shape", "x=1,3,8,8"]) == 0
+    report = json.loads(rep.read_text())
+    assert report["verify"]["input_shapes"] == {"x": [1, 3, 8, 8]} and report["verify"]["guessed_dims"] == []
+    assert report["model"]["macs_before"] == (16 * 3 * 9 + 16 * 16 * 9) * 64 + 160
+    assert not any("--input-shape" in n for n in report["notes"])
+    # NAME= may be left out for a single-input model
+    assert main(["compress", str(src), "-o", str(out), "-q", "--force", "--input-shape", "1,3,8,8"]) == 0
+
+
+@pytest.mark.parametrize("spec,fragment", [("y=1,3,8,8", "no input of that name"),
+                                           ("x=1,3,8", "3 dimensions given, the input has 4"),
+                                           ("x=1,4,8,8", "axis 1 is fixed to 3"),
+                                           ("x=1,3,a,8", "expected NAME=D0,D1"),
+                                           ("x=1,3,0,8", "whole numbers >= 1")])
+def test_bad_input_shapes_are_user_errors(spec, fragment, tmp_path, capsys):
+    src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    _dynamic_hw_model(src)
+    assert main(["compress", str(src), "-o", str(out), "-q", "--input-shape", spec]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("redpp-onnx: error:") and fragment in err and "\n" not in err and not out.exists()
+
+
+def test_a_guess_the_model_rejects_skips_verification_with_the_hint():
+    """A dynamic axis the graph then reshapes to a fixed size (a traced export): the guessed 64
+    does not run; compress still succeeds, and the report says how to verify."""
+    g = GraphBuilder(6)
+    h = g.node("Reshape", ["x", g.const(np.array([-1, 12 * 8], np.int64), "shape")])
+    y = g.gemm(h, 96, 4)
+    model = g.model(["N", "T", 8], y)
+    out, report = compress(model, CompressConfig())
+    skipped = report.verify["skipped"]
+    assert "does not run on the verification inputs x [2, 64, 8]" in skipped and "--input-shape" in skipped
+    _, report = compress(model, CompressConfig(input_shapes={"x": (2, 12, 8)}))
+    assert report.verify["max_rel_l2"] < 0.1

@@ -7,6 +7,8 @@ and depthwise convs only when asked), ``Gemm``, and ``MatMul`` whose second inpu
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 from collections import defaultdict
 from typing import Optional
@@ -107,9 +109,25 @@ LARGE_CONSTANT = 4096
 shape inference with data propagation (see :func:`static_shapes`)."""
 
 
+_INPUT_SHAPES: contextvars.ContextVar = contextvars.ContextVar("redpp_input_shapes", default={})
+
+
+@contextlib.contextmanager
+def input_shapes(shapes: Optional[dict]):
+    """Within the block, :func:`static_shapes` gives the named graph inputs these shapes (the
+    user's ``--input-shape``): the analyses then know sizes the model leaves dynamic."""
+    token = _INPUT_SHAPES.set(dict(shapes or {}))
+    try:
+        yield
+    finally:
+        _INPUT_SHAPES.reset(token)
+
+
 def static_shapes(model: onnx.ModelProto, batch: int = 1) -> dict[str, tuple]:
-    """Shapes of every tensor when the graph inputs' symbolic dims are fixed (batch dims to
-    ``batch``); {} when inference fails. Works on a copy.
+    """Shapes of every tensor when the graph inputs' symbolic dims are fixed: the shapes given
+    with :func:`input_shapes`, else the batch axis (axis 0) to ``batch``; other symbolic dims
+    stay unknown, and so do the shapes that depend on them (a layer's MACs are then None, not
+    counted at a made-up size). {} when inference fails. Works on a copy.
 
     onnx's data propagation copies the values of integer tensors computed from constants into
     shape protos (tens of bytes per element): a codebook decoder (``--codebook``) with millions
@@ -120,13 +138,18 @@ def static_shapes(model: onnx.ModelProto, batch: int = 1) -> dict[str, tuple]:
     m = onnx.ModelProto()
     m.CopyFrom(model)
     initializers = {t.name for t in m.graph.initializer}
+    given = _INPUT_SHAPES.get()
     for inp in m.graph.input:
         if inp.name in initializers or not inp.type.HasField("tensor_type"):
             continue
-        for d in inp.type.tensor_type.shape.dim:
-            if not d.HasField("dim_value"):
+        dims = inp.type.tensor_type.shape.dim
+        if inp.name in given and len(given[inp.name]) == len(dims):
+            for d, v in zip(dims, given[inp.name]):
                 d.Clear()
-                d.dim_value = batch
+                d.dim_value = int(v)
+        elif len(dims) and not dims[0].HasField("dim_value"):
+            dims[0].Clear()
+            dims[0].dim_value = batch
     try:
         inferred = onnx.shape_inference.infer_shapes(m)
         first = _shapes_of(inferred)
