@@ -58,7 +58,7 @@ def _compress(model, config: CompressConfig, *, progress, file_bytes_before, plo
     out, hashed, merged, split, calibration = work, None, None, None, None
     if "hash" in config.steps:
         t = time.perf_counter()
-        hashed = HashPass(config.hash, progress=progress).run(out)
+        hashed = HashPass(config.hash, progress=_phase(progress, "hashing")).run(out)
         out = hashed.model
         timings["hash"] = time.perf_counter() - t
     if "merge" in config.steps:
@@ -71,17 +71,19 @@ def _compress(model, config: CompressConfig, *, progress, file_bytes_before, plo
                 raise RedppError(str(err).splitlines()[0]) from None
             merge_config = dataclasses.replace(merge_config, alpha=calibration.alpha)
             timings["calibrate"] = time.perf_counter() - t
+        _phase(progress, "merging")
         merged = MergePass(merge_config).run(out)
         out = merged.model
         timings["merge"] = time.perf_counter() - t
     if "split" in config.steps:
         t = time.perf_counter()
-        split = SplitPass(config.split, progress=progress).run(out)
+        split = SplitPass(config.split, progress=_phase(progress, "splitting")).run(out)
         out = split.model
         timings["split"] = time.perf_counter() - t
     final_scan = scan_layers(out, include_grouped=config.hash.include_depthwise)  # before codebooks:
     if config.codebook and hashed is not None:  # they only change how the same weights are stored
         hashed.model = out
+        _phase(progress, "codebooks")
         store_codebooks(hashed)
     try:
         onnx.checker.check_model(out)
@@ -97,6 +99,7 @@ def _compress(model, config: CompressConfig, *, progress, file_bytes_before, plo
     verify_info = {"skipped": "disabled (--no-verify)"}
     if config.verify:
         t = time.perf_counter()
+        _phase(progress, "verifying")
         try:
             verify_info = verify.compare(model, out, batch=config.verify_batch, seed=config.seed,
                                          shapes=config.input_shapes).to_dict()
@@ -110,6 +113,8 @@ def _compress(model, config: CompressConfig, *, progress, file_bytes_before, plo
             raise RedppError(f"onnxruntime cannot run the model: {verify.ort_message(err)}") from None
         timings["verify"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t0
+    if progress is not None:
+        progress(1, 1, "")  # clears the line
 
     report = Report(tool={"name": "redpp-onnx", "version": __version__},
                     config=dataclasses.asdict(config), model=summary, layers=layers,
@@ -219,6 +224,15 @@ def _verify_warning(verify_info: dict) -> list:
     return [f"WARNING: the outputs differ from the input model's by {rel:.3g} (relative L2 on seeded random "
             "inputs): accuracy is probably lost; measure it with `redpp-onnx eval OUT --ref IN --data ...`, "
             "or lower the settings that change the function (--alpha, --split-tolerance, --weight-error)"]
+
+
+def _phase(progress: Optional[Progress], label: str) -> Optional[Progress]:
+    """Name the step a progress indicator shows (when it has a ``label``) and show it."""
+    if progress is not None:
+        if hasattr(progress, "label"):
+            progress.label = label
+        progress(0, 1, "")
+    return progress
 
 
 def _check_input_shapes(model: onnx.ModelProto, shapes: Optional[dict]) -> None:
