@@ -289,7 +289,7 @@ def _input_shapes(specs, model_path):
 
 
 def _analyze(args) -> int:
-    from .analysis.layers import input_shapes
+    from .analysis.layers import check_input_shapes, input_shapes
     from .analysis.theory import analyze
     from .config import HashConfig
     from .io import load_model
@@ -304,6 +304,7 @@ def _analyze(args) -> int:
                         include_depthwise=args.include_depthwise)
     shapes = _input_shapes(args.input_shape, args.input)
     model = load_model(args.input)
+    check_input_shapes(model, shapes)
     try:
         with input_shapes(shapes):
             result = analyze(model, config, data=args.data, limit=args.limit)

@@ -15,7 +15,7 @@ import onnx
 
 from . import __version__, io, verify
 from .analysis.fold import resolve_constant_identities
-from .analysis.layers import input_shapes, scan_layers
+from .analysis.layers import check_input_shapes, input_shapes, scan_layers
 from .config import CompressConfig
 from .errors import RedppError
 from .passes.hash import HashPass, refusal_dict, store_codebooks
@@ -48,7 +48,7 @@ def _compress(model, config: CompressConfig, *, progress, file_bytes_before, plo
         source = str(model)
         model = io.load_model(model)
     timings["load"] = time.perf_counter() - t0
-    _check_input_shapes(model, config.input_shapes)
+    check_input_shapes(model, config.input_shapes)
     if file_bytes_before is None:
         file_bytes_before = len(io.serialize(model))
     # exporters rename deduplicated constants with Identity nodes: the passes read them directly
@@ -233,22 +233,6 @@ def _phase(progress: Optional[Progress], label: str) -> Optional[Progress]:
             progress.label = label
         progress(0, 1, "")
     return progress
-
-
-def _check_input_shapes(model: onnx.ModelProto, shapes: Optional[dict]) -> None:
-    inputs = {vi.name: vi for vi in model.graph.input} if shapes else {}
-    for name, shape in (shapes or {}).items():
-        if name not in inputs:
-            raise RedppError(f"--input-shape {name}: the model has no input of that name "
-                             f"(inputs: {', '.join(i.name for i in model.graph.input)})")
-        dims = inputs[name].type.tensor_type.shape.dim
-        if len(dims) != len(shape):
-            raise RedppError(f"--input-shape {name}: {len(shape)} dimensions given, the input has {len(dims)}")
-        fixed = [(k, d.dim_value, v) for k, (d, v) in enumerate(zip(dims, shape))
-                 if d.HasField("dim_value") and d.dim_value != v]
-        if fixed:
-            k, want, got = fixed[0]
-            raise RedppError(f"--input-shape {name}: axis {k} is fixed to {want} in the model, got {got}")
 
 
 def _guess_note(verify_info: dict) -> list:

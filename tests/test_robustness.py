@@ -160,9 +160,10 @@ def test_dynamic_sizes_are_verified_at_a_guess_and_said_so(tmp_path):
 def test_bad_input_shapes_are_user_errors(spec, fragment, tmp_path, capsys):
     src, out = tmp_path / "in.onnx", tmp_path / "out.onnx"
     _dynamic_hw_model(src)
-    assert main(["compress", str(src), "-o", str(out), "-q", "--input-shape", spec]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("redpp-onnx: error:") and fragment in err and "\n" not in err and not out.exists()
+    for args in (["compress", str(src), "-o", str(out), "-q"], ["analyze", str(src)]):
+        assert main(args + ["--input-shape", spec]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("redpp-onnx: error:") and fragment in err and "\n" not in err and not out.exists()
 
 
 def test_a_guess_the_model_rejects_skips_verification_with_the_hint():

@@ -123,6 +123,27 @@ def input_shapes(shapes: Optional[dict]):
         _INPUT_SHAPES.reset(token)
 
 
+def check_input_shapes(model: onnx.ModelProto, shapes: Optional[dict]) -> None:
+    """Raise a :class:`RedppError` when ``shapes`` (``--input-shape``) do not fit the model's inputs."""
+    from ..errors import RedppError
+
+    inputs = {vi.name: vi for vi in model.graph.input} if shapes else {}
+    for name, shape in (shapes or {}).items():
+        if not shape or not all(isinstance(d, int) and d >= 1 for d in shape):
+            raise RedppError(f"--input-shape {name}: dimensions must be whole numbers >= 1, got {shape!r}")
+        if name not in inputs:
+            raise RedppError(f"--input-shape {name}: the model has no input of that name "
+                             f"(inputs: {', '.join(i.name for i in model.graph.input)})")
+        dims = inputs[name].type.tensor_type.shape.dim
+        if len(dims) != len(shape):
+            raise RedppError(f"--input-shape {name}: {len(shape)} dimensions given, the input has {len(dims)}")
+        fixed = [(k, d.dim_value, v) for k, (d, v) in enumerate(zip(dims, shape))
+                 if d.HasField("dim_value") and d.dim_value != v]
+        if fixed:
+            k, want, got = fixed[0]
+            raise RedppError(f"--input-shape {name}: axis {k} is fixed to {want} in the model, got {got}")
+
+
 def static_shapes(model: onnx.ModelProto, batch: int = 1) -> dict[str, tuple]:
     """Shapes of every tensor when the graph inputs' symbolic dims are fixed: the shapes given
     with :func:`input_shapes`, else the batch axis (axis 0) to ``batch``; other symbolic dims

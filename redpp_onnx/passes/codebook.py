@@ -63,7 +63,8 @@ BANK_WEIGHTS = 1 << 26  # x 16 suffix bits < 2^31: bit offsets fit int32
 LATTICE_DTYPE = np.int16
 
 __all__ = ["MIN_OPSET", "Layout", "TensorCodes", "pack", "pack_fields", "unpack", "rank_codes",
-           "lattice_codes", "plan_layout", "encode", "decode", "banks", "write_codebooks", "tensor_codes",
+           "lattice_codes", "plan_layout", "encode", "decode", "stored_bits", "rank_histogram", "banks",
+           "write_codebooks", "tensor_codes",
            "refusal", "opset_version"]
 
 
