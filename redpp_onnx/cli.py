@@ -125,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--bandwidth-factor", type=float, metavar="F", help="as for compress")
     a.add_argument("--include-depthwise", action="store_true", help="as for compress")
     a.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...", help="as for compress")
+    a.add_argument("--input-stats", choices=("standard",),
+                   help="E[norm] for models without BatchNormalization statistics (e.g. exported with BN folded "
+                        "into Conv): assume every input element N(0, 1), independent (an assumption, said in the "
+                        "report)")
     a.add_argument("--report", help="also write the analysis as JSON to this file")
     a.add_argument("--json", action="store_true", help="print the JSON analysis instead of the table")
     return ap
@@ -307,7 +311,7 @@ def _analyze(args) -> int:
     check_input_shapes(model, shapes)
     try:
         with input_shapes(shapes):
-            result = analyze(model, config, data=args.data, limit=args.limit)
+            result = analyze(model, config, data=args.data, limit=args.limit, input_stats=args.input_stats)
     except ValueError as err:  # a data set the evaluator cannot read
         raise RedppError(str(err)) from None
     text = json.dumps(result.to_dict(), indent=2) + "\n"

@@ -71,7 +71,9 @@ The graph is walked in order, tracking per-channel ``(mean, variance)`` of activ
 * after ``BatchNormalization``: ``mean = β``, ``var = γ²`` (the BN normalises with its running
   statistics; its output is assumed ``N(β_c, γ_c²)`` per channel: the paper's assumption);
 * ``Relu`` / ``Clip(min, max)``: exact moments of the rectified / clipped Gaussian with that
-  mean and variance;
+  mean and variance; ``Tanh``, ``Sigmoid``, ``Gelu``, ``Softplus``, ``Elu``, ``LeakyRelu``,
+  ``HardSigmoid``, ``HardSwish``: the Gaussian's moments through the function by 64-point
+  Gauss-Hermite quadrature;
 * ``Add`` / ``Sub`` of two tracked tensors: means add (subtract), variances add
   (independence); with a constant: the mean shifts. ``Mul`` / ``Div`` by a constant: scale;
 * ``Slice`` / ``Pad`` on the channel axis select / add channels (padding adds channels of the
@@ -85,6 +87,12 @@ The graph is walked in order, tracking per-channel ``(mean, variance)`` of activ
   to features (repeated ``H·W`` times when the tensor is not pooled);
 * ``Gemm`` / ``MatMul`` / 1x1 ``Conv`` on a pooled tensor: ``mean' = W·mean + b`` by
   linearity of expectation, ``var' = W²·var`` (independent inputs).
+
+With ``input_stats="standard"`` (``analyze --input-stats standard``), for models whose
+exporter folded BatchNorm into Conv: a float graph input is taken as N(0, 1) per element,
+independent, and a Conv on a spatial tensor propagates ``mean' = Σ W·mean + b`` and ``var' =
+Σ W²·var`` per channel (positions independent, zero padding ignored); the report lists these
+assumptions.
 
 Other tensors (the graph input, a Conv on a spatial tensor, an unsupported op) are "untracked";
 that is not an error unless the logits depend on one: then ``E[norm]`` is ``None`` with the
@@ -500,17 +508,29 @@ class _Walker:
     PASS = ("Identity", "Dropout")
     POOL = ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LpPool")
 
-    def __init__(self, model: onnx.ModelProto):
+    def __init__(self, model: onnx.ModelProto, input_stats: Optional[str] = None):
         self.model = model
         self.consts = ConstantTensors(model)
         self.shapes = static_shapes(model)
         self.names = node_names(model)
         self.state: dict = {}  # tensor -> _Stat | str (the reason it is untracked)
         self.approx: list = []
+        self.assumed = input_stats == "standard"
         inits = {t.name for t in model.graph.initializer}
         for inp in model.graph.input:
-            if inp.name not in inits:
-                self.state[inp.name] = f"graph input {inp.name!r} has no known statistics (no BatchNormalization on the path)"
+            if inp.name in inits:
+                continue
+            self.state[inp.name] = (f"graph input {inp.name!r} has no known statistics (no BatchNormalization "
+                                    "on the path; --input-stats standard assumes standardized inputs)")
+            dims = inp.type.tensor_type.shape.dim if inp.type.HasField("tensor_type") else []
+            if (self.assumed and inp.type.tensor_type.elem_type == onnx.TensorProto.FLOAT and len(dims) >= 2
+                    and dims[1].HasField("dim_value")):
+                c = dims[1].dim_value
+                rank = len(dims)
+                self.state[inp.name] = _Stat(np.zeros(c), np.ones(c), rank, rank == 2 or all(
+                    d.HasField("dim_value") and d.dim_value == 1 for d in dims[2:]))
+                self.note(f"input {inp.name!r} is standardized: every element N(0, 1), independent "
+                          "(--input-stats standard)")
 
     def const(self, name: str) -> Optional[np.ndarray]:
         if name and name in self.consts:
@@ -612,6 +632,10 @@ class _Walker:
             return [_Stat(s.mean, s.var, s.rank, pooled)] + [None] * (len(node.output) - 1)
         if op in ("ReduceMean", "ReduceMax"):
             return [self.reduce_spatial(node, label)]
+        if op in _ELEMENTWISE:
+            if op == "HardSigmoid" and float(_attr(node, "beta", 0.5)) != 0.5:
+                raise _Untracked(f"{label}: HardSigmoid with beta != 0.5")
+            return [self.elementwise(node, label)]
         if op == "Slice":
             return [self.slice(node, label)]
         if op == "Pad":
@@ -796,40 +820,85 @@ class _Walker:
 
     def conv(self, node, label) -> _Stat:
         s = self.get(node.input[0])  # untracked input: its own reason propagates
-        if not s.pooled:
+        if not s.pooled and not self.assumed:
             # Not an error: a BatchNormalization after it restores known statistics.
             raise _Untracked(f"{label}: output statistics not tracked (Conv on a spatial tensor; only a "
-                             f"following BatchNormalization restores them)")
+                             f"following BatchNormalization restores them, or --input-stats standard)")
         w = self.const(node.input[1])
         if w is None:
             raise _Untracked(f"{label}: weight is not a constant")
         if any(k != 1 for k in w.shape[2:]):
-            raise _Untracked(f"{label}: kernel {list(w.shape[2:])} on a pooled tensor (only 1x1)")
+            if s.pooled:
+                raise _Untracked(f"{label}: kernel {list(w.shape[2:])} on a pooled tensor (only 1x1)")
+            self.note("Conv on spatial tensors (--input-stats standard): positions treated as independent, "
+                      "zero padding ignored")
         group = int(_attr(node, "group", 1))
-        w = w.reshape(w.shape[0], w.shape[1]).astype(np.float64)
+        w = w.reshape(w.shape[0], w.shape[1], -1).astype(np.float64)
+        w, w2 = w.sum(axis=2), (w * w).sum(axis=2)  # per (out, in) channel pair: the taps add up
         cout, cin_g = w.shape
         if cin_g * group != s.mean.size:
             raise _Untracked(f"{label}: weight expects {cin_g * group} channels, statistics have {s.mean.size}")
         og = cout // group
         mean, var = np.empty(cout), np.empty(cout)
         for g in range(group):
-            wg = w[g * og:(g + 1) * og]
-            mean[g * og:(g + 1) * og] = wg @ s.mean[g * cin_g:(g + 1) * cin_g]
-            var[g * og:(g + 1) * og] = (wg * wg) @ s.var[g * cin_g:(g + 1) * cin_g]
+            rows = slice(g * og, (g + 1) * og)
+            mean[rows] = w[rows] @ s.mean[g * cin_g:(g + 1) * cin_g]
+            var[rows] = w2[rows] @ s.var[g * cin_g:(g + 1) * cin_g]
         if len(node.input) > 2 and node.input[2]:
             b = self.const(node.input[2])
             if b is None:
                 raise _Untracked(f"{label}: non-constant bias")
             mean = mean + np.asarray(b, dtype=np.float64).ravel()
-        return _Stat(mean, var, s.rank, self.pooled(node.output[0], s.rank, True))
+        return _Stat(mean, var, s.rank, self.pooled(node.output[0], s.rank, s.pooled))
+
+    def elementwise(self, node, label) -> _Stat:
+        """Moments of ``f(X)``, ``X ~ N(mean, var)`` per channel, by Gauss-Hermite quadrature."""
+        s = self.get(node.input[0])
+        f = _ELEMENTWISE[node.op_type]
+        alpha = _attr(node, "alpha", None)
+        x, wq = _HERMITE
+        z = s.mean[:, None] + np.sqrt(np.maximum(s.var, 0.0))[:, None] * x[None, :]
+        fz = f(z) if alpha is None else f(z, float(alpha))
+        m = fz @ wq
+        v = np.maximum((fz * fz) @ wq - m * m, 0.0)
+        return _Stat(m, v, s.rank, s.pooled)
 
 
-def expected_logits(model) -> LogitEstimate:
-    """Data-free per-logit mean and variance of the first graph output (never raises on a graph)."""
+def _sigmoid(z):
+    return 0.5 * (1.0 + np.tanh(0.5 * z))
+
+
+_ELEMENTWISE = {
+    "Tanh": np.tanh,
+    "Sigmoid": _sigmoid,
+    "Gelu": lambda z: 0.5 * z * (1.0 + _erf(z / math.sqrt(2.0))),
+    "Softplus": lambda z: np.logaddexp(0.0, z),
+    "Elu": lambda z, a=1.0: np.where(z > 0, z, a * np.expm1(np.minimum(z, 0.0))),
+    "LeakyRelu": lambda z, a=0.01: np.where(z > 0, z, a * z),
+    "HardSigmoid": lambda z, a=0.2: np.clip(a * z + 0.5, 0.0, 1.0),
+    "HardSwish": lambda z: z * np.clip(z / 6.0 + 0.5, 0.0, 1.0),
+}
+"""Elementwise activations the walk follows by quadrature (``alpha``: the op's attribute; the
+ONNX defaults are the functions' defaults, HardSigmoid's beta is taken as 0.5)."""
+
+_HERMITE = (lambda xw: (xw[0] * math.sqrt(2.0), xw[1] / math.sqrt(math.pi)))(np.polynomial.hermite.hermgauss(64))
+"""Nodes and weights for E[f(X)], X ~ N(0, 1): 64-point Gauss-Hermite."""
+
+
+def _erf(z):
+    from scipy.special import erf
+
+    return erf(z)
+
+
+def expected_logits(model, input_stats: Optional[str] = None) -> LogitEstimate:
+    """Data-free per-logit mean and variance of the first graph output (never raises on a graph).
+    ``input_stats="standard"``: assume every input element N(0, 1), independent, where no
+    BatchNormalization gives statistics (models whose BatchNorms the exporter folded)."""
     model = _load(model)
     if not model.graph.output:
         return LogitEstimate("", reason="the graph has no output")
-    return _Walker(model).run()
+    return _Walker(model, input_stats).run()
 
 
 # --------------------------------------------------------------------------- measurement
@@ -999,12 +1068,14 @@ class AnalysisReport:
             t = ", ".join(f"{k} {f(v, '{:.3g}')}" for k, v in m.tightness.items())
             lines.append(f"measured on {m.dataset} (n={m.n}): E_X‖f‖ = {m.E_X_f:.4g}, E_X‖f~-f‖ = {m.E_X_diff:.4g}, "
                          f"top-1 {m.top1:.2%} -> {m.top1_hashed:.2%}, agreement {m.agreement:.2%}; tightness: {t}")
+        lines += [f"E[norm] assumes: {a}" for a in self.E_norm_approximations]
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines) + "\n"
 
 
 def analyze_hashed(model, hash_result, *, hash_config: Optional[HashConfig] = None, data=None,
-                   batch_size: int = 256, limit: Optional[int] = None) -> AnalysisReport:
+                   batch_size: int = 256, limit: Optional[int] = None,
+                   input_stats: Optional[str] = None) -> AnalysisReport:
     """The report for an existing ``HashPassResult`` of ``model`` (no re-hashing)."""
     name = _describe(model)
     model = _load(model)
@@ -1020,7 +1091,7 @@ def analyze_hashed(model, hash_result, *, hash_config: Optional[HashConfig] = No
             U[v], U1[v] = compose_bound([r.e_l for r in rows], [r.gain[v] for r in rows])
     if U.get("paper") is not None and U["paper"] < 0:
         notes.append("U[paper] is negative (a negative BN mean in the product): not an upper bound")
-    est = expected_logits(model)
+    est = expected_logits(model, input_stats)
     cfg = dataclasses.asdict(hash_config) if hash_config is not None else None
     report = AnalysisReport(name, rows, U, U1, DEFAULT_VARIANT, est.E_norm, est.V_norm, est.reason,
                             est.approximations, cfg, notes=notes)
@@ -1035,7 +1106,7 @@ def analyze_hashed(model, hash_result, *, hash_config: Optional[HashConfig] = No
 
 
 def analyze(model, hash_config: HashConfig = HashConfig(), data=None, *, batch_size: int = 256,
-            limit: Optional[int] = None) -> AnalysisReport:
+            limit: Optional[int] = None, input_stats: Optional[str] = None) -> AnalysisReport:
     """Hash ``model`` (a path or ``ModelProto``; not modified) with ``hash_config`` and report the
     data-free guarantees; with ``data`` (an ``.npz`` path or a ``Dataset``) also measure
     ``E_X‖f‖``, ``E_X‖f̃ - f‖`` and the tightness (``limit``: first samples only)."""
@@ -1044,6 +1115,7 @@ def analyze(model, hash_config: HashConfig = HashConfig(), data=None, *, batch_s
     name = _describe(model)
     proto = fold_constants(_load(model))  # e.g. a --codebook model's weights
     result = HashPass(hash_config).run(proto)
-    report = analyze_hashed(proto, result, hash_config=hash_config, data=data, batch_size=batch_size, limit=limit)
+    report = analyze_hashed(proto, result, hash_config=hash_config, data=data, batch_size=batch_size, limit=limit,
+                            input_stats=input_stats)
     report.model = name
     return report

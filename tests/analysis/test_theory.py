@@ -252,7 +252,7 @@ def test_enorm_channel_slice_and_reshape():
     np.testing.assert_allclose(est.var, v, rtol=1e-9)
 
 
-@pytest.mark.parametrize("act,tail,word", [("Sigmoid", None, "Sigmoid"), ("Relu", "Softmax", "Softmax")])
+@pytest.mark.parametrize("act,tail,word", [("Softsign", None, "Softsign"), ("Relu", "Softmax", "Softmax")])
 def test_unsupported_op_makes_enorm_unavailable(act, tail, word):
     model, _, _ = bn_head_model(act=act, tail=tail)
     est = expected_logits(model)
@@ -389,3 +389,57 @@ def test_enorm_through_reducemean_over_spatial_axes_equals_global_pool(keepdims)
     h2 = g2.node("ReduceMean", [g2.node("Relu", [_bn(g2, "x")])], axes=[1, 2, 3], keepdims=0)
     y2 = g2.node("Mul", [h2, g2.const(np.float32(2.0))])
     assert "not exactly the spatial axes" in expected_logits(g2.model(["N", 4, 3, 3], y2)).reason
+
+
+@pytest.mark.parametrize("act,attrs", [("Tanh", {}), ("Sigmoid", {}), ("Softplus", {}), ("Elu", {"alpha": 0.7}),
+                                       ("LeakyRelu", {}), ("HardSigmoid", {}), ("HardSwish", {}), ("Relu", {})])
+def test_input_stats_standard_matches_monte_carlo(act, attrs):
+    """Inputs N(0, 1): a valid 3x3 Conv gives every output position exactly N(b, Σw²), the
+    activation's moments come by quadrature, the spatial mean and the Gemm are linear: the
+    walk's logit means must match the sampled ones (variances are upper bounds: positions are
+    correlated)."""
+    g = GraphBuilder(7)
+    h = g.node("Conv", ["x", g.const(g.weights(6, 3, 3, 3), "W"), g.const(g.weights(6, scale=0.5), "B")],
+               pads=[0, 0, 0, 0])
+    h = g.node(act, [h], **attrs)
+    h = g.node("ReduceMean", [h], axes=[2, 3], keepdims=0)
+    y = g.gemm(h, 6, 3)
+    model = g.model(["N", 3, 6, 6], y)
+    assert "--input-stats standard" in expected_logits(model).reason
+    est = expected_logits(model, input_stats="standard")
+    assert est.reason is None and any("standardized" in a for a in est.approximations)
+    n = 100_000
+    x = np.random.default_rng(3).standard_normal((n, 3, 6, 6)).astype(np.float32)
+    ys = redpp_onnx.session(model).run(None, {"x": x})[0].astype(np.float64)
+    stderr = np.sqrt(ys.var(axis=0) / n)
+    assert np.all(np.abs(ys.mean(axis=0) - est.mean) < 5 * stderr + 1e-4)
+    assert np.all(est.var >= ys.var(axis=0) * 0.5)
+
+
+def test_gelu_op_by_quadrature():
+    g = GraphBuilder(8)
+    h = g.node("Gelu", [g.gemm("x", 8, 16)])
+    y = g.gemm(h, 16, 3)
+    graph = onnx.helper.make_graph(g.nodes, "g", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
+                                                                                      ["N", 8])],
+                                   [onnx.helper.make_tensor_value_info(y, onnx.TensorProto.FLOAT, ["N", 3])], g.inits)
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 20)], ir_version=10)
+    est = expected_logits(model, input_stats="standard")
+    n = 200_000
+    x = np.random.default_rng(4).standard_normal((n, 8)).astype(np.float32)
+    ys = redpp_onnx.session(model).run(None, {"x": x})[0].astype(np.float64)
+    assert np.all(np.abs(ys.mean(axis=0) - est.mean) < 5 * np.sqrt(ys.var(axis=0) / n) + 1e-4)
+
+
+def test_analyze_cli_with_input_stats_says_the_assumption(tmp_path, capsys):
+    from redpp_onnx.cli import main
+
+    g = GraphBuilder(9)
+    y = g.gemm(g.node("Tanh", [g.gemm("x", 8, 16)]), 16, 3)
+    path = tmp_path / "m.onnx"
+    onnx.save(g.model(["N", 8], y), str(path))
+    assert main(["analyze", str(path)]) == 0
+    assert "verdict: unknown" in capsys.readouterr().out
+    assert main(["analyze", str(path), "--input-stats", "standard"]) == 0
+    out = capsys.readouterr().out
+    assert "E[norm] assumes: input 'x' is standardized" in out and "verdict: unknown" not in out
