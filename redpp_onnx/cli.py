@@ -189,7 +189,8 @@ def _compress(args) -> int:
             _write_text_atomic(Path(args.report), report.to_json())
         found = "verification was skipped: " + report.verify.get("skipped", "?") if rel is None else \
             f"max relative L2 {rel:.3g} > --max-rel-l2 {args.max_rel_l2:g}"
-        raise VerificationFailed(f"{found}; {dst} was not written" + (f" (report: {args.report})" if args.report else ""))
+        where = f" (report: {args.report})" if args.report else ""
+        raise VerificationFailed(f"{found}; {dst} was not written{where}")
     report.model["file_bytes_after"] = save_model(model, dst, force=True, external=external)
     report.output = str(dst)
     if args.report:

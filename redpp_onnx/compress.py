@@ -119,9 +119,8 @@ def _compress(model, config: CompressConfig, *, progress, file_bytes_before, plo
     report = Report(tool={"name": "redpp-onnx", "version": __version__},
                     config=dataclasses.asdict(config), model=summary, layers=layers,
                     verify=verify_info, timings=timings,
-                    notes=_notes(config, hashed, merged, split, calibration) + _control_flow_note(model)
-                    + ([f"{aliases} Identity node(s) that only renamed a constant were removed; their consumers "
-                        "read the constant directly"] if aliases else []) + _verify_warning(verify_info) + _guess_note(verify_info),
+                    notes=(_notes(config, hashed, merged, split, calibration) + _control_flow_note(model)
+                           + _alias_note(aliases) + _verify_warning(verify_info) + _guess_note(verify_info)),
                     input=source,
                     merge_groups=[dataclasses.asdict(g) for g in merged.groups] if merged else None,
                     calibration=dataclasses.asdict(calibration) if calibration else None)
@@ -233,6 +232,11 @@ def _phase(progress: Optional[Progress], label: str) -> Optional[Progress]:
             progress.label = label
         progress(0, 1, "")
     return progress
+
+
+def _alias_note(aliases: int) -> list:
+    return [f"{aliases} Identity node(s) that only renamed a constant were removed; their consumers read the "
+            "constant directly"] if aliases else []
 
 
 def _guess_note(verify_info: dict) -> list:
