@@ -9,6 +9,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# A child process's own peak RSS in kB, as a Python expression for the snippets the benchmarks run
+# in fresh processes (``import re`` there). VmHWM, not ru_maxrss: ru_maxrss survives exec, so a child
+# of a large benchmark process would report the parent's.
+PEAK_RSS_KB_EXPR = 're.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)'
+
+
 def shared_parser(doc: str, result_name: str, shared: bool = True) -> argparse.ArgumentParser:
     """A parser with ``--shared`` (../shared/bench beside the checkout; unless ``shared`` is
     False) and ``--out`` (benchmarks/results/RESULT_NAME); the description is the docstring's

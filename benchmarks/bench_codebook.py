@@ -25,7 +25,7 @@ import onnx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _common import shared_parser, write_json  # noqa: E402  (benchmarks/)
+from _common import PEAK_RSS_KB_EXPR, shared_parser, write_json  # noqa: E402  (benchmarks/)
 
 from redpp_onnx import io, session  # noqa: E402
 from redpp_onnx.compress import compress  # noqa: E402
@@ -36,7 +36,6 @@ SETTINGS = [("ε=0.01 (default)", HashConfig(weight_error=0.01)),
             ("ε=0.02", HashConfig(weight_error=0.02)),
             ("ε=0.01, depthwise hashed too", HashConfig(weight_error=0.01, include_depthwise=True))]
 RUNS = 5
-# peak RSS from VmHWM: ru_maxrss survives exec, so a child of this (large) process would report ours
 LOAD = """
 import re, sys, time
 import onnxruntime as ort
@@ -44,7 +43,7 @@ so = ort.SessionOptions(); so.log_severity_level = 3
 t = time.perf_counter()
 ort.InferenceSession(sys.argv[1], so, providers=["CPUExecutionProvider"])
 seconds = time.perf_counter() - t
-print(seconds, re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1))
+print(seconds, """ + PEAK_RSS_KB_EXPR + """)
 """
 
 

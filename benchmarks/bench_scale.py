@@ -27,7 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _common import shared_parser, write_json  # noqa: E402  (benchmarks/)
+from _common import PEAK_RSS_KB_EXPR, shared_parser, write_json  # noqa: E402  (benchmarks/)
 from bench_codebook import load_cost  # noqa: E402
 from bench_hashing import STAGES, synthetic_weights  # noqa: E402
 
@@ -39,7 +39,7 @@ CLI = """
 import re, sys
 from redpp_onnx.cli import main
 code = main(sys.argv[1:])
-print("VmHWM", re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1), file=sys.stderr)
+print("VmHWM", """ + PEAK_RSS_KB_EXPR + """, file=sys.stderr)
 sys.exit(code)
 """
 

@@ -318,7 +318,8 @@ def section_codebook(data) -> list[str]:
            "and with `--codebook`; ratio = fp32 input file / --codebook file. Bits per weight = stored code bits "
            "(class field + offset) per hashed weight; fixed = ⌈log₂ M⌉ bits per weight (fixed-length codes); "
            "entropy = the codes' zeroth-order entropy, the floor for any code of independent values. "
-           "Exact = largest |difference| between the two models' outputs on a seeded random batch. Load = onnxruntime session creation (median of "
+           "Exact = largest |difference| between the two models' outputs on a seeded random batch. "
+           "Load = onnxruntime session creation (median of "
            f"{rows[0]['load_plain']['runs'] if rows else '-'} fresh processes) and the process's peak RSS: the "
            "decoders run once, when the session starts.", "",
            "| model | setting | fp32 input bytes | plainly hashed | --codebook | ratio | bits/weight | fixed | "

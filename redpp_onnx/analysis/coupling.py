@@ -263,6 +263,11 @@ class _Analyzer:
         self.ops.append(GroupOp(i, self.names[i], node.op_type, role, tensor, info.axis, info.rank,
                                 info.inner if inner is None else inner, tuple(params)))
 
+    def emit(self, i, node, role, out: _Info, params=()):
+        """Record the channel info of ``node``'s first output and its role in the group."""
+        self.info[node.output[0]] = out
+        self.add(i, role, node.output[0], out, params)
+
     def const(self, name: str) -> Optional[np.ndarray]:
         if name and name in self.consts:
             return self.consts.array(name)
@@ -429,8 +434,7 @@ class _Analyzer:
             for x, y in zip(a.atoms, b.atoms):
                 self.uf.union(x, y)
             out = _Info(a.atoms, a.axis, a.rank, a.inner)
-            self.info[node.output[0]] = out
-            self.add(i, PASS, node.output[0], out)
+            self.emit(i, node, PASS, out)
             return
         (k, t), = ins
         info = self.info[t]
@@ -461,12 +465,8 @@ class _Analyzer:
 
     def _same_channels(self, i, node, info, params=()):
         """The output has the input's channels: a per-channel op when it has parameters, else a pass."""
-        out = _Info(info.atoms, info.axis, info.rank, info.inner)
-        self.info[node.output[0]] = out
-        if params:
-            self.add(i, PER_CHANNEL, node.output[0], out, params)
-        else:
-            self.add(i, PASS, node.output[0], out)
+        self.emit(i, node, PER_CHANNEL if params else PASS, _Info(info.atoms, info.axis, info.rank, info.inner),
+                  params)
 
     # ------------------------------------------------------------------ per-channel ops
     def _op_BatchNormalization(self, i, node, ins):
@@ -489,8 +489,7 @@ class _Analyzer:
             self.block(node.input[0], f"BatchNormalization {name} in training mode (statistics outputs used)")
             return
         out = _Info(info.atoms, info.axis, info.rank)
-        self.info[node.output[0]] = out
-        self.add(i, PER_CHANNEL, node.output[0], out, params)
+        self.emit(i, node, PER_CHANNEL, out, params)
 
     def _op_InstanceNormalization(self, i, node, ins):
         """Normalises each channel over its own spatial extent: per-channel scale and B."""
@@ -506,8 +505,7 @@ class _Analyzer:
                                       "not on axis 1")
             return
         out = _Info(info.atoms, info.axis, info.rank)
-        self.info[node.output[0]] = out
-        self.add(i, PER_CHANNEL, node.output[0], out, (ParamRef(1, node.input[1], 0), ParamRef(2, node.input[2], 0)))
+        self.emit(i, node, PER_CHANNEL, out, (ParamRef(1, node.input[1], 0), ParamRef(2, node.input[2], 0)))
 
     def _op_PRelu(self, i, node, ins):
         name = self.names[i]
@@ -561,8 +559,7 @@ class _Analyzer:
             return
         params = [ParamRef(1, node.input[1], 0)] + ([ParamRef(2, bias, 0)] if bias else [])
         out = _Info(info.atoms, info.axis, info.rank)
-        self.info[node.output[0]] = out
-        self.add(i, PER_CHANNEL, node.output[0], out, params)
+        self.emit(i, node, PER_CHANNEL, out, params)
 
     def _not_eligible(self, i, node, ins):
         name, op = self.names[i], node.op_type
@@ -575,6 +572,13 @@ class _Analyzer:
     _op_MatMul = _not_eligible
 
     # ------------------------------------------------------------------ shape ops
+    def _data_input(self, i, node, ins):
+        """(name, data tensor, its channel info) of a node whose channels arrive through its
+        input 0 only; None once blocked (see :meth:`_only_data`)."""
+        if not self._only_data(i, node, ins):
+            return None
+        return self.names[i], node.input[0], self.info[node.input[0]]
+
     def _only_data(self, i, node, ins) -> bool:
         if any(k != 0 for k, _ in ins):
             self.block_all(ins, f"used as a shape/parameter input of {node.op_type} {self.names[i]}")
@@ -582,11 +586,10 @@ class _Analyzer:
         return True
 
     def _op_Flatten(self, i, node, ins):
-        name = self.names[i]
-        if not self._only_data(i, node, ins):
+        got = self._data_input(i, node, ins)
+        if got is None:
             return
-        t = node.input[0]
-        info = self.info[t]
+        name, t, info = got
         f = int(_attr(node, "axis", 1))
         f = f + info.rank if f < 0 else f
         shape = self.shapes.get(t)
@@ -598,15 +601,13 @@ class _Analyzer:
             return
         inner = info.inner * int(np.prod(shape[info.axis + 1:], dtype=np.int64))
         out = _Info(info.atoms, 1, 2, inner)
-        self.info[node.output[0]] = out
-        self.add(i, PASS, node.output[0], out)
+        self.emit(i, node, PASS, out)
 
     def _op_Reshape(self, i, node, ins):
-        name = self.names[i]
-        if not self._only_data(i, node, ins):
+        got = self._data_input(i, node, ins)
+        if got is None:
             return
-        t = node.input[0]
-        info = self.info[t]
+        name, t, info = got
         if self.const(node.input[1]) is None:
             self.block(t, f"Reshape {name} with a computed shape")
             return
@@ -628,8 +629,7 @@ class _Analyzer:
             inner = info.inner * int(np.prod(s_in[a + 1:], dtype=np.int64))
         if inner is not None:
             out = _Info(info.atoms, a, len(s_out), inner)
-            self.info[node.output[0]] = out
-            self.add(i, PASS, node.output[0], out)
+            self.emit(i, node, PASS, out)
             return
         self.block(t, f"Reshape {name} {list(s_in)} -> {list(s_out)}: Reshape that mixes channels")
 
@@ -642,15 +642,15 @@ class _Analyzer:
 
     def _data_and_axes(self, i, node, ins):
         """(name, data tensor, its info, axes) of a Squeeze/Unsqueeze, or None once blocked."""
-        name = self.names[i]
-        if not self._only_data(i, node, ins):
+        got = self._data_input(i, node, ins)
+        if got is None:
             return None
-        t = node.input[0]
+        name, t, info = got
         axes = self._axes(node)
         if axes is None:
             self.block(t, f"{node.op_type} {name} with computed axes")
             return None
-        return name, t, self.info[t], axes
+        return name, t, info, axes
 
     def _op_Squeeze(self, i, node, ins):
         got = self._data_and_axes(i, node, ins)
@@ -671,8 +671,7 @@ class _Analyzer:
             self.block(t, f"Squeeze {name} on flattened features")
             return
         out = _Info(info.atoms, info.axis - sum(a < info.axis for a in axes), info.rank - len(axes), info.inner)
-        self.info[node.output[0]] = out
-        self.add(i, PASS, node.output[0], out)
+        self.emit(i, node, PASS, out)
 
     def _op_Unsqueeze(self, i, node, ins):
         got = self._data_and_axes(i, node, ins)
@@ -687,8 +686,7 @@ class _Analyzer:
             self.block(t, f"Unsqueeze {name} on flattened features")
             return
         out = _Info(info.atoms, new_axis, rank, info.inner)
-        self.info[node.output[0]] = out
-        self.add(i, PASS, node.output[0], out)
+        self.emit(i, node, PASS, out)
 
     def _op_Transpose(self, i, node, ins):
         name = self.names[i]
@@ -699,15 +697,13 @@ class _Analyzer:
             self.block(t, f"Transpose {name} of flattened features")
             return
         out = _Info(info.atoms, list(perm).index(info.axis), info.rank)
-        self.info[node.output[0]] = out
-        self.add(i, PASS, node.output[0], out)
+        self.emit(i, node, PASS, out)
 
     def _op_Slice(self, i, node, ins):
-        name = self.names[i]
-        if not self._only_data(i, node, ins):
+        got = self._data_input(i, node, ins)
+        if got is None:
             return
-        t = node.input[0]
-        info = self.info[t]
+        name, t, info = got
         if self.opset < 10:
             starts, ends = _attr(node, "starts"), _attr(node, "ends")
             axes = _attr(node, "axes") or list(range(len(starts)))
@@ -734,27 +730,23 @@ class _Analyzer:
         self._same_channels(i, node, info)
 
     def _op_Pad(self, i, node, ins):
-        name = self.names[i]
-        if not self._only_data(i, node, ins):
+        got = self._data_input(i, node, ins)
+        if got is None:
             return
-        t = node.input[0]
-        info = self.info[t]
+        name, t, info = got
         if self.opset < 11:
             pads, axes = _attr(node, "pads"), None
-            value = float(_attr(node, "value", 0.0))
         else:
             pads = self.const(node.input[1]) if len(node.input) > 1 else None
             if pads is None:
                 self.block(t, f"Pad {name} with computed pads")
                 return
             pads = [int(x) for x in pads]
-            value = 0.0
-            if len(node.input) > 2 and node.input[2]:
-                v = self.const(node.input[2])
-                if v is None:
-                    self.block(t, f"Pad {name} with a computed pad value")
-                    return
-                value = float(np.ravel(v)[0]) if v.size else 0.0
+            # the pad value's number does not matter (padded channels are alike whatever it is),
+            # only that it is a constant
+            if len(node.input) > 2 and node.input[2] and self.const(node.input[2]) is None:
+                self.block(t, f"Pad {name} with a computed pad value")
+                return
             axes = None
             if len(node.input) > 3 and node.input[3]:
                 v = self.const(node.input[3])
@@ -776,20 +768,18 @@ class _Analyzer:
             if mode != "constant" or info.inner != 1:
                 self.block(t, f"Pad {name} ({mode}) on the channel axis")
                 return
-            # every padded channel holds the same constant ``value``: the padded classes are alike
+            # every padded channel holds the same constant: the padded classes are alike
             atoms = np.concatenate([self.uf.make(before), info.atoms, self.uf.make(after)])
         else:
             atoms = info.atoms
         out = _Info(atoms, info.axis, info.rank, info.inner)
-        self.info[node.output[0]] = out
-        self.add(i, PASS, node.output[0], out)
+        self.emit(i, node, PASS, out)
 
     def _op_Resize(self, i, node, ins):
-        name = self.names[i]
-        if not self._only_data(i, node, ins):
+        got = self._data_input(i, node, ins)
+        if got is None:
             return
-        t = node.input[0]
-        info = self.info[t]
+        name, t, info = got
         if info.inner != 1:
             self.block(t, f"{node.op_type} {name} of flattened features")
             return
@@ -821,8 +811,7 @@ class _Analyzer:
                 self.block(t, f"{node.op_type} {name} resizes the channel axis")
                 return
         out = _Info(info.atoms, info.axis, info.rank)
-        self.info[node.output[0]] = out
-        self.add(i, PASS, node.output[0], out)
+        self.emit(i, node, PASS, out)
 
     _op_Upsample = _op_Resize
 
@@ -850,15 +839,13 @@ class _Analyzer:
                     self.uf.union(p, q)
             atoms = first.atoms
         out = _Info(atoms, first.axis, first.rank)
-        self.info[node.output[0]] = out
-        self.add(i, PASS, node.output[0], out)
+        self.emit(i, node, PASS, out)
 
     def _op_Split(self, i, node, ins):
-        name = self.names[i]
-        if not self._only_data(i, node, ins):
+        got = self._data_input(i, node, ins)
+        if got is None:
             return
-        t = node.input[0]
-        info = self.info[t]
+        name, t, info = got
         axis = int(_attr(node, "axis", 0))
         axis = axis + info.rank if axis < 0 else axis
         n_out = len(node.output)

@@ -13,32 +13,19 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-# nodes that must not be evaluated ahead of time even when their inputs are constants
-_NOT_FOLDED = {"RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout"}
-
-
-def _foldable(node: onnx.NodeProto, constant: set) -> bool:
-    return (node.domain in ("", "ai.onnx") and node.op_type not in _NOT_FOLDED and node.op_type != "Constant"
-            and bool(node.input) and all(not i or i in constant for i in node.input)
-            and not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute))
-
+from .layers import constant_only_nodes
 
 def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with its main graph's constant-only nodes replaced by initializers of their
     values (the same object when there is nothing to fold; a copy otherwise). Tensors whose type
     shape inference cannot tell are left computed."""
     graph = model.graph
-    constant = {t.name for t in graph.initializer}
-    constant |= {o for n in graph.node if n.op_type == "Constant" for o in n.output}
-    folded = []
-    for node in graph.node:
-        if _foldable(node, constant):
-            folded.append(node)
-            constant.update(o for o in node.output if o)
-    if not folded:
+    gone = set(constant_only_nodes(graph))
+    if not gone:
         return model
-    produced = {o for n in folded for o in n.output if o}
-    used_elsewhere = {i for n in graph.node if n not in folded for i in n.input} | {o.name for o in graph.output}
+    folded = [graph.node[k] for k in sorted(gone)]
+    used_elsewhere = {i for k, n in enumerate(graph.node) if k not in gone for i in n.input}
+    used_elsewhere |= {o.name for o in graph.output}
     needed = [o for n in folded for o in n.output if o in used_elsewhere]
     types = {vi.name: vi.type for vi in onnx.shape_inference.infer_shapes(model).graph.value_info}
     needed = [o for o in needed if o in types and types[o].HasField("tensor_type")]
@@ -60,7 +47,7 @@ def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    keep = [n for n in out.graph.node if not (_foldable(n, constant) and set(n.output) <= produced)]
+    keep = [n for k, n in enumerate(out.graph.node) if k not in gone]
     del out.graph.node[:]
     out.graph.node.extend(keep)
     out.graph.initializer.extend(numpy_helper.from_array(np.asarray(v), name) for name, v in zip(needed, values))

@@ -71,7 +71,10 @@ class ConstantTensors:
         return name in self._init or name in self._const
 
     def array(self, name: str) -> np.ndarray:
-        return numpy_helper.to_array(self.proto(name))
+        proto = self.proto(name)
+        if proto is None:
+            raise KeyError(f"{name!r} is not a constant of the model (an initializer or a Constant node)")
+        return numpy_helper.to_array(proto)
 
 
 def iter_nodes_deep(graph: onnx.GraphProto):
@@ -189,23 +192,38 @@ def _shapes_of(m: onnx.ModelProto) -> dict[str, tuple]:
     return shapes
 
 
+NOT_FOLDABLE = {"RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout"}
+"""Ops not evaluated ahead of time even when their inputs are constants."""
+
+
+def constant_only_nodes(graph: onnx.GraphProto) -> list:
+    """Indices of the graph's nodes (``Constant`` nodes aside) that compute only from constants,
+    in order: standard-domain, deterministic, no subgraph, every input an initializer, a
+    ``Constant`` output or the output of such a node."""
+    constant = {t.name for t in graph.initializer}
+    constant |= {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    found = []
+    for k, node in enumerate(graph.node):
+        if (node.op_type != "Constant" and node.domain in ("", "ai.onnx") and node.op_type not in NOT_FOLDABLE
+                and node.input and all(not i or i in constant for i in node.input)
+                and not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                            for a in node.attribute)):
+            found.append(k)
+            constant.update(o for o in node.output if o)
+    return found
+
+
 def _cut_large_constants(m: onnx.ModelProto, shapes: dict[str, tuple], types: dict[str, int]) -> None:
     """Replace (in place) the main graph's constant-only nodes with a large output by inputs."""
     graph = m.graph
-    constant = {t.name for t in graph.initializer}
-    keep, cut = [], []
-    for node in graph.node:
-        if node.op_type == "Constant" or (node.input and all(i in constant or not i for i in node.input)
-                                          and not any(a.type in (onnx.AttributeProto.GRAPH,
-                                                                 onnx.AttributeProto.GRAPHS)
-                                                      for a in node.attribute)):
-            constant.update(node.output)
-            outs = [o for o in node.output if o]
-            if node.op_type != "Constant" and all(o in shapes and o in types for o in outs) and \
-                    any(int(np.prod(shapes[o], dtype=np.int64)) > LARGE_CONSTANT for o in outs):
-                cut.extend(onnx.helper.make_tensor_value_info(o, types[o], shapes[o]) for o in outs)
-                continue
-        keep.append(node)
+    cut_nodes, cut = set(), []
+    for k in constant_only_nodes(graph):
+        outs = [o for o in graph.node[k].output if o]
+        if all(o in shapes and o in types for o in outs) and \
+                any(int(np.prod(shapes[o], dtype=np.int64)) > LARGE_CONSTANT for o in outs):
+            cut_nodes.add(k)
+            cut.extend(onnx.helper.make_tensor_value_info(o, types[o], shapes[o]) for o in outs)
+    keep = [n for k, n in enumerate(graph.node) if k not in cut_nodes]
     if cut:
         del graph.node[:]
         graph.node.extend(keep)

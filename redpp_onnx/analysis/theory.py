@@ -871,7 +871,7 @@ def _sigmoid(z):
 _ELEMENTWISE = {
     "Tanh": np.tanh,
     "Sigmoid": _sigmoid,
-    "Gelu": lambda z: 0.5 * z * (1.0 + _erf(z / math.sqrt(2.0))),
+    "Gelu": lambda z: 0.5 * z * (1.0 + erf(z / math.sqrt(2.0))),
     "Softplus": lambda z: np.logaddexp(0.0, z),
     "Elu": lambda z, a=1.0: np.where(z > 0, z, a * np.expm1(np.minimum(z, 0.0))),
     "LeakyRelu": lambda z, a=0.01: np.where(z > 0, z, a * z),
@@ -883,12 +883,6 @@ ONNX defaults are the functions' defaults, HardSigmoid's beta is taken as 0.5)."
 
 _HERMITE = (lambda xw: (xw[0] * math.sqrt(2.0), xw[1] / math.sqrt(math.pi)))(np.polynomial.hermite.hermgauss(64))
 """Nodes and weights for E[f(X)], X ~ N(0, 1): 64-point Gauss-Hermite."""
-
-
-def _erf(z):
-    from scipy.special import erf
-
-    return erf(z)
 
 
 def expected_logits(model, input_stats: Optional[str] = None) -> LogitEstimate:

@@ -374,9 +374,9 @@ def _main_fields(b: _Builder, fields: np.ndarray, width: int) -> str:
     return b.op("Reshape", [b.op("Mod", [split, b.const(1 << width, np.int32)]), b.const([-1], np.int64)])
 
 
-def _decode_bank(b: _Builder, codes: np.ndarray, layout: Layout) -> str:
-    """int32 tensor of the bank's concatenated codes (``codes.size`` a multiple of 8)."""
-    cls, off = encode(codes, layout)
+def _decode_bank(b: _Builder, cls: np.ndarray, off: np.ndarray, layout: Layout) -> str:
+    """int32 tensor of the bank's concatenated codes, from their :func:`encode` (``cls.size`` a
+    multiple of 8)."""
     main = _main_fields(b, cls, layout.width)
     if layout.direct:
         return main
@@ -415,11 +415,14 @@ def write_codebooks(graph: onnx.GraphProto, tensors: Sequence[TensorCodes], opse
         _, layout = plan_layout(hist)
         codes = np.concatenate([t.codes for t in group])
         pad = -codes.size % 8  # whole bytes of class fields; the padding is split off and unused
-        x = _decode_bank(b, np.concatenate([codes, np.zeros(pad, np.int64)]), layout)
+        cls, off = encode(np.concatenate([codes, np.zeros(pad, np.int64)]), layout)
+        x = _decode_bank(b, cls, off, layout)
         parts = [b.name() for _ in group]
         b.split(x, [t.codes.size for t in group] + ([pad] if pad else []), parts + ([b.name()] if pad else []))
-        for t, part in zip(group, parts):
-            result[t.name] = (stored_bits(t.codes, layout) / max(t.codes.size, 1), layout)
+        field_bits = layout.width + np.asarray(layout.classes, np.int64)[cls]  # per weight
+        ends = np.cumsum([t.codes.size for t in group])
+        for t, part, end in zip(group, parts, ends):
+            result[t.name] = (float(field_bits[end - t.codes.size:end].sum()) / max(t.codes.size, 1), layout)
             flat = t.name if len(t.shape) == 1 else b.name()
             b.op("Gather", [books[t.name], part], [flat], axis=0)
             if len(t.shape) != 1:

@@ -330,10 +330,8 @@ REGISTRY: dict = {
     "InstanceNormalization": Editor(out=_params_out, what="scale, B"),
     "Pow": Editor(out=_params_out, what="per-channel exponent or base (none between two tracked tensors)"),
     "PRelu": Editor(out=_params_out, what="per-channel slope"),
-    "Add": Editor(out=_params_out, what="per-channel constant (none between two tracked tensors)"),
-    "Sub": Editor(out=_params_out, what="per-channel constant (none between two tracked tensors)"),
-    "Mul": Editor(out=_params_out, what="per-channel constant (none between two tracked tensors)"),
-    "Div": Editor(out=_params_out, what="per-channel constant (none between two tracked tensors)"),
+    **{op: Editor(out=_params_out, what="per-channel constant (none between two tracked tensors)")
+       for op in ("Add", "Sub", "Mul", "Div")},
     "Pad": Editor(out=_pad_out, what="pads before/after on the channel axis"),
     "Split": Editor(out=_split_out, what="split sizes along the channel axis"),
     "Reshape": Editor(out=_reshape_out, what="the channel entry of the target shape"),
