@@ -108,6 +108,12 @@ PYBIND11_MODULE(_core, m) {
     py::list acts;
     for (int a = 0; a < k::kNumActivations; ++a) acts.append(k::kActivationName[a]);
     d["activations"] = acts;
+    py::list attrs;
+    for (size_t a = 0; a < k::kNumAttrs; ++a) attrs.append(py::make_tuple(k::kAttrName[a], k::kAttrKind[a]));
+    d["attributes"] = attrs;
+    py::list refused;
+    for (size_t a = 0; a < k::kNumRefusedAttrs; ++a) refused.append(k::kRefusedAttrName[a]);
+    d["refused_attributes"] = refused;
     return d;
   });
   const float inf = std::numeric_limits<float>::infinity();

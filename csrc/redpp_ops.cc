@@ -26,41 +26,102 @@ namespace {
 
 namespace k = contract;
 
-// Optional attributes, read through the C API so that "absent" is not an exception.
+// Attributes, read through the C API so that "absent" is not an exception. The C API has no
+// call that gives an attribute's type from an OrtKernelInfo, and its array getters do not all
+// check the type (an ints getter may return an empty list for a FLOATS attribute): the type is
+// found by asking each typed getter in turn, scalars (which check the type) first.
+enum class AttrKind { kAbsent, kInt, kInts, kFloat, kFloats, kString, kStrings, kTensor, kEmptyList };
+
+const char* KindName(AttrKind kind) {
+  switch (kind) {
+    case AttrKind::kAbsent: return "absent";
+    case AttrKind::kInt: return "int";
+    case AttrKind::kInts: return "ints";
+    case AttrKind::kFloat: return "float";
+    case AttrKind::kFloats: return "floats";
+    case AttrKind::kString: return "string";
+    case AttrKind::kStrings: return "strings";
+    case AttrKind::kTensor: return "tensor";
+    case AttrKind::kEmptyList: return "an empty list";
+  }
+  return "?";
+}
+
+// True when `st` is success; releases it otherwise.
+bool Ok(const OrtApi& api, OrtStatus* st) {
+  if (st == nullptr) return true;
+  api.ReleaseStatus(st);
+  return false;
+}
+
+AttrKind ProbeAttr(const OrtApi& api, const OrtKernelInfo* info, const char* name) {
+  float f = 0.f;
+  int64_t i = 0;
+  size_t size = 0;
+  if (Ok(api, api.KernelInfoGetAttribute_float(info, name, &f))) return AttrKind::kFloat;
+  if (Ok(api, api.KernelInfoGetAttribute_int64(info, name, &i))) return AttrKind::kInt;
+  if (Ok(api, api.KernelInfoGetAttribute_string(info, name, nullptr, &size))) return AttrKind::kString;
+  size_t n_ints = 0, n_floats = 0, n_strings = 0;
+  const bool ints = Ok(api, api.KernelInfoGetAttributeArray_int64(info, name, nullptr, &n_ints));
+  const bool floats = Ok(api, api.KernelInfoGetAttributeArray_float(info, name, nullptr, &n_floats));
+  if (ints && n_ints > 0) return AttrKind::kInts;
+  if (floats && n_floats > 0) return AttrKind::kFloats;
+  OrtAllocator* alloc = nullptr;
+  if (Ok(api, api.GetAllocatorWithDefaultOptions(&alloc))) {
+    if (Ok(api, api.KernelInfoGetAttributeArray_string(info, name, alloc, nullptr, &n_strings)) && n_strings > 0)
+      return AttrKind::kStrings;
+    OrtValue* tensor = nullptr;
+    if (Ok(api, api.KernelInfoGetAttribute_tensor(info, name, alloc, &tensor))) {
+      if (tensor) api.ReleaseValue(tensor);
+      return AttrKind::kTensor;
+    }
+  }
+  return ints || floats ? AttrKind::kEmptyList : AttrKind::kAbsent;
+}
+
+// The contract's kind of each attribute ("ints", "string", "float": contract::kAttrKind).
+AttrKind ContractKind(const char* kind) {
+  const std::string k(kind);
+  return k == "ints" ? AttrKind::kInts : k == "string" ? AttrKind::kString : AttrKind::kFloat;
+}
+
+// Every attribute of the contract has its declared type (an ints attribute is a non-empty list)
+// or is absent, and no refused Conv attribute is present. Empty when the node is valid.
+std::string CheckAttributeTypes(const OrtApi& api, const OrtKernelInfo* info) {
+  for (size_t a = 0; a < k::kNumAttrs; ++a) {
+    const AttrKind want = ContractKind(k::kAttrKind[a]);
+    const AttrKind got = ProbeAttr(api, info, k::kAttrName[a]);
+    if (got != AttrKind::kAbsent && got != want)
+      return std::string("SplitConv: attribute '") + k::kAttrName[a] + "' must be of type " + k::kAttrKind[a] +
+             (want == AttrKind::kInts ? " (a non-empty list of integers; omit it for the default)" : "") +
+             ", got " + KindName(got);
+  }
+  for (size_t a = 0; a < k::kNumRefusedAttrs; ++a)
+    if (ProbeAttr(api, info, k::kRefusedAttrName[a]) != AttrKind::kAbsent)
+      return std::string("SplitConv: attribute '") + k::kRefusedAttrName[a] +
+             "' is not a SplitConv attribute (Conv's auto_pad, group and kernel_shape are not supported: "
+             "give explicit pads; SplitConv is group 1 with the kernel shape of its kernels input)";
+  return {};
+}
+
+// Reads an attribute whose type CheckAttributeTypes has confirmed (false: absent).
 bool TryGetInts(const OrtApi& api, const OrtKernelInfo* info, const char* name, std::vector<int64_t>* out) {
   size_t size = 0;
-  if (OrtStatus* st = api.KernelInfoGetAttributeArray_int64(info, name, nullptr, &size)) {
-    api.ReleaseStatus(st);
-    return false;
-  }
+  if (!Ok(api, api.KernelInfoGetAttributeArray_int64(info, name, nullptr, &size))) return false;
   out->assign(size, 0);
   if (size == 0) return true;
-  if (OrtStatus* st = api.KernelInfoGetAttributeArray_int64(info, name, out->data(), &size)) {
-    api.ReleaseStatus(st);
-    return false;
-  }
-  return true;
+  return Ok(api, api.KernelInfoGetAttributeArray_int64(info, name, out->data(), &size));
 }
 
 bool TryGetFloat(const OrtApi& api, const OrtKernelInfo* info, const char* name, float* out) {
-  if (OrtStatus* st = api.KernelInfoGetAttribute_float(info, name, out)) {
-    api.ReleaseStatus(st);
-    return false;
-  }
-  return true;
+  return Ok(api, api.KernelInfoGetAttribute_float(info, name, out));
 }
 
 bool TryGetString(const OrtApi& api, const OrtKernelInfo* info, const char* name, std::string* out) {
   size_t size = 0;
-  if (OrtStatus* st = api.KernelInfoGetAttribute_string(info, name, nullptr, &size)) {
-    api.ReleaseStatus(st);
-    return false;
-  }
+  if (!Ok(api, api.KernelInfoGetAttribute_string(info, name, nullptr, &size))) return false;
   std::string s(size, '\0');  // size includes the terminating NUL
-  if (OrtStatus* st = api.KernelInfoGetAttribute_string(info, name, s.data(), &size)) {
-    api.ReleaseStatus(st);
-    return false;
-  }
+  if (!Ok(api, api.KernelInfoGetAttribute_string(info, name, s.data(), &size))) return false;
   s.resize(size > 0 ? size - 1 : 0);
   *out = s;
   return true;
@@ -217,6 +278,8 @@ struct SplitConvKernel {
 struct SplitConvOp : Ort::CustomOpBase<SplitConvOp, SplitConvKernel, /*WithStatus=*/true> {
   OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** op_kernel) const noexcept {
     try {
+      if (std::string err = CheckAttributeTypes(api, info); !err.empty())
+        return api.CreateStatus(ORT_INVALID_ARGUMENT, err.c_str());
       SplitConvAttrs attrs;
       TryGetInts(api, info, k::kAttr_strides, &attrs.strides);
       TryGetInts(api, info, k::kAttr_pads, &attrs.pads);

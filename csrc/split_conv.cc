@@ -91,9 +91,13 @@ std::string ShapeStr(const std::vector<int64_t>& s) {
   return r + "]";
 }
 
-// floor(a / b) and ceil(a / b) for b > 0 and any sign of a.
-inline int64_t FloorDiv(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
-inline int64_t CeilDiv(int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -((-a) / b); }
+// floor(a / b) and ceil(a / b) for b > 0 and any a (no intermediate that can overflow).
+inline int64_t FloorDiv(int64_t a, int64_t b) { return a / b - (a % b != 0 && a < 0 ? 1 : 0); }
+inline int64_t CeilDiv(int64_t a, int64_t b) { return a / b + (a % b != 0 && a > 0 ? 1 : 0); }
+
+// Checked int64 arithmetic: false when the exact result does not fit.
+inline bool Add(int64_t a, int64_t b, int64_t* r) { return !__builtin_add_overflow(a, b, r); }
+inline bool Mul(int64_t a, int64_t b, int64_t* r) { return !__builtin_mul_overflow(a, b, r); }
 
 // Receptive fields of output pixels [p0, p0 + len) of one input channel plane xc[h, w]:
 // col[(ki * kw + kj) * kTile + t] = xc[ih, iw], or 0 outside the padded input and for t >= len.
@@ -154,6 +158,15 @@ std::string ValidateAttrs(const SplitConvAttrs& a) {
     if (d < 1) return "SplitConv: dilations must be >= 1, got " + ShapeStr(a.dilations);
   for (int64_t p : a.pads)
     if (p < 0) return "SplitConv: pads must be >= 0, got " + ShapeStr(a.pads);
+  if (a.pads.size() % 2 == 0) {
+    const size_t nd = a.pads.size() / 2;
+    for (size_t ax = 0; ax < nd; ++ax) {
+      int64_t sum;
+      if (!Add(a.pads[ax], a.pads[ax + nd], &sum))
+        return "SplitConv: pads " + ShapeStr(a.pads) + ": begin + end of spatial axis " + std::to_string(ax) +
+               " overflows int64";
+    }
+  }
   if (a.activation < 0 || a.activation >= contract::kNumActivations)
     return "SplitConv: unknown activation code " + std::to_string(a.activation);
   if (a.activation == kActivation_Clip && !(a.clip_min <= a.clip_max))
@@ -193,7 +206,10 @@ std::string PlanWeights(const TensorView<float>& kernels, const TensorView<int64
   wp.num_kernels = ks[0];
   wp.kernel_shape.assign(ks.begin() + 1, ks.end());
   wp.taps = 1;
-  for (int64_t d : wp.kernel_shape) wp.taps *= d;
+  for (int64_t d : wp.kernel_shape)
+    if (!Mul(wp.taps, d, &wp.taps))
+      return "SplitConv: kernels shape " + ShapeStr(ks) + ": the kernel size overflows int64";
+  if (wp.c_in == std::numeric_limits<int64_t>::max()) return "SplitConv: bad idx shape " + ShapeStr(idx.shape);
   if (offsets.shape.size() != 1 || offsets.shape[0] != wp.c_in + 1)
     return "SplitConv: offsets must have shape [C_in + 1] = [" + std::to_string(wp.c_in + 1) + "], got " +
            ShapeStr(offsets.shape);
@@ -293,8 +309,31 @@ std::string PlanConv(const SplitConvInputs& in, const SplitConvAttrs& a, const W
       return std::string("SplitConv: ") + name + " must have shape [C_out] = [" + std::to_string(wp.c_out) +
              "], got " + ShapeStr(t->shape);
 
-  // Geometry; 1-D is 2-D with a unit height.
+  // Geometry; 1-D is 2-D with a unit height. Every step is checked against int64 overflow:
+  // the attributes are only bounded below, so their sums and products with the shapes can wrap.
   auto at = [](const std::vector<int64_t>& v, size_t i, int64_t dflt) { return v.empty() ? dflt : v[i]; };
+  auto geometry = [&] {
+    return " (X " + ShapeStr(xs) + ", kernel " + ShapeStr(wp.kernel_shape) + ", strides " + ShapeStr(a.strides) +
+           ", pads " + ShapeStr(a.pads) + ", dilations " + ShapeStr(a.dilations) + ")";
+  };
+  // Output size of spatial axis ax: (in + pad_begin + pad_end - (dil * (k - 1) + 1)) / stride + 1.
+  auto axis_size = [&](size_t ax, int64_t* out) -> std::string {
+    const int64_t in_size = xs[2 + ax], k = wp.kernel_shape[ax];
+    const int64_t stride = at(a.strides, ax, 1), dil = at(a.dilations, ax, 1);
+    int64_t padded, reach, span;
+    if (!Add(in_size, at(a.pads, ax, 0), &padded) || !Add(padded, at(a.pads, ax + nd, 0), &padded))
+      return "SplitConv: pads overflow int64 with the input size " + std::to_string(in_size) + " of spatial axis " +
+             std::to_string(ax) + geometry();
+    if (!Mul(dil, k - 1, &reach) || !Add(reach, 1, &reach))
+      return "SplitConv: dilations times the kernel size overflows int64 on spatial axis " + std::to_string(ax) +
+             geometry();
+    span = padded - reach;  // both >= 0: no overflow
+    if (span < 0)
+      return "SplitConv: the dilated kernel " + ShapeStr(wp.kernel_shape) + " is larger than the padded input " +
+             ShapeStr(std::vector<int64_t>(xs.begin() + 2, xs.end())) + geometry();
+    *out = span / stride + 1;  // span <= INT64_MAX - 1
+    return {};
+  };
   const size_t ax = nd - 1;  // the width axis
   pl.n = xs[0];
   pl.w = xs[2 + ax];
@@ -304,7 +343,7 @@ std::string PlanConv(const SplitConvInputs& in, const SplitConvAttrs& a, const W
   pl.pad_w = at(a.pads, ax, 0);
   const int64_t pad_w_end = at(a.pads, ax + nd, 0);
   int64_t pad_h_end = 0;
-  pl.h = pl.kh = pl.stride_h = pl.dil_h = 1;
+  pl.h = pl.kh = pl.stride_h = pl.dil_h = pl.ho = 1;
   pl.pad_h = 0;
   if (nd == 2) {
     pl.h = xs[2];
@@ -313,22 +352,34 @@ std::string PlanConv(const SplitConvInputs& in, const SplitConvAttrs& a, const W
     pl.dil_h = at(a.dilations, 0, 1);
     pl.pad_h = at(a.pads, 0, 0);
     pad_h_end = at(a.pads, 2, 0);
+    if (std::string e = axis_size(0, &pl.ho); !e.empty()) return e;
   }
-  const int64_t span_h = pl.h + pl.pad_h + pad_h_end - pl.dil_h * (pl.kh - 1) - 1;
-  const int64_t span_w = pl.w + pl.pad_w + pad_w_end - pl.dil_w * (pl.kw - 1) - 1;
-  if (span_h < 0 || span_w < 0)
-    return "SplitConv: the dilated kernel " + ShapeStr(wp.kernel_shape) + " is larger than the padded input " +
-           ShapeStr(std::vector<int64_t>(xs.begin() + 2, xs.end()));
-  pl.ho = span_h / pl.stride_h + 1;
-  pl.wo = span_w / pl.stride_w + 1;
+  if (std::string e = axis_size(ax, &pl.wo); !e.empty()) return e;
   pl.out_shape = {pl.n, wp.c_out};
   if (nd == 2) pl.out_shape.push_back(pl.ho);
   pl.out_shape.push_back(pl.wo);
-  pl.tiles_per_image = CeilDiv(pl.ho * pl.wo, kTile);
-  // For each kernel column kj, the output columns whose input column lies inside the image.
-  pl.ow_first.resize(pl.kw);
-  pl.ow_last.resize(pl.kw);
-  for (int64_t kj = 0; kj < pl.kw; ++kj) {
+  // Pixels per image, pixels of the batch (tasks are counted from these) and the output's bytes.
+  int64_t pixels, batch_pixels, elements, bytes;
+  if (!Mul(pl.ho, pl.wo, &pixels) || !Mul(pl.n, pixels, &batch_pixels) || !Mul(batch_pixels, wp.c_out, &elements) ||
+      !Mul(elements, static_cast<int64_t>(sizeof(float)), &bytes))
+    return "SplitConv: the output shape " + ShapeStr(pl.out_shape) + " has more elements than int64 can count" +
+           geometry();
+  // Scratch rows per task (see RunSplitConvTask); only when there is work.
+  if (elements > 0) {
+    int64_t rows = wp.c_out;
+    if (wp.num_groups() > 0) rows = std::max({rows, wp.fused ? wp.max_group_channels : wp.taps, wp.max_group_rows});
+    int64_t scratch;
+    if (!Mul(rows, kTile, &scratch) || !Mul(scratch, static_cast<int64_t>(sizeof(float)), &scratch))
+      return "SplitConv: the scratch buffers of kernels shape [" + std::to_string(wp.num_kernels) + ", ...] " +
+             ShapeStr(wp.kernel_shape) + " and " + std::to_string(wp.c_out) + " outputs overflow int64";
+  }
+  pl.tiles_per_image = CeilDiv(pixels, kTile);
+  // For each kernel column kj, the output columns whose input column lies inside the image
+  // (only read when a channel is gathered; without kernels, kw may be any size).
+  const int64_t columns = wp.num_groups() > 0 ? pl.kw : 0;
+  pl.ow_first.resize(columns);
+  pl.ow_last.resize(columns);
+  for (int64_t kj = 0; kj < columns; ++kj) {
     const int64_t base = kj * pl.dil_w - pl.pad_w;
     pl.ow_first[kj] = CeilDiv(-base, pl.stride_w);
     pl.ow_last[kj] = FloorDiv(pl.w - 1 - base, pl.stride_w);
@@ -348,12 +399,14 @@ bool RunSplitConvTask(const SplitConvInputs& in, const SplitConvAttrs& a, const 
   const int64_t taps = wp.taps;
 
   thread_local Scratch col_scratch, prod_scratch, y_scratch;
-  float *col, *prod, *ytile;
-  try {
-    col = col_scratch.get((wp.fused ? wp.max_group_channels : taps) * kTile);
-    prod = wp.fused ? nullptr : prod_scratch.get(wp.max_group_rows * kTile);
+  float *col = nullptr, *prod = nullptr, *ytile;
+  try {  // sizes checked against overflow by PlanConv; no channel, no column scratch
+    if (wp.num_groups() > 0) {
+      col = col_scratch.get((wp.fused ? wp.max_group_channels : taps) * kTile);
+      prod = wp.fused ? nullptr : prod_scratch.get(wp.max_group_rows * kTile);
+    }
     ytile = y_scratch.get(wp.c_out * kTile);
-  } catch (const std::bad_alloc&) {
+  } catch (...) {  // bad_alloc, length_error: never out of this noexcept function
     return false;
   }
 

@@ -17,6 +17,7 @@ from typing import Optional
 import onnx
 
 from . import io
+from .errors import RedppError
 from .runtime import session
 from .verify import random_inputs
 
@@ -76,7 +77,9 @@ def measure(model_a, model_b=None, *, batch: int = 1, threads: int = 1, repeat: 
     if model_b is None:
         times = time_runs(session(a_bytes, **opts), feeds, repeat)
         return BenchResult(batch, threads, repeat, _quantiles(times))
-    b_bytes = io.serialize(_load(model_b))
+    b_model = _load(model_b)
+    _same_inputs(a_model, b_model)
+    b_bytes = io.serialize(b_model)
     ta, tb = [], []
     pairs = max(1, session_pairs)
     for k in range(pairs):
@@ -94,3 +97,15 @@ def measure(model_a, model_b=None, *, batch: int = 1, threads: int = 1, repeat: 
 
 def _load(model) -> onnx.ModelProto:
     return model if isinstance(model, onnx.ModelProto) else io.load_model(model)
+
+
+def _same_inputs(a: onnx.ModelProto, b: onnx.ModelProto) -> None:
+    """Both models take the same inputs (names and element types): one feed serves both."""
+    def inputs(m):
+        inits = {t.name for t in m.graph.initializer}
+        return {i.name: i.type.tensor_type.elem_type for i in m.graph.input if i.name not in inits}
+
+    ia, ib = inputs(a), inputs(b)
+    if ia != ib:
+        raise RedppError(f"the two models take different inputs ({', '.join(sorted(ia))} vs {', '.join(sorted(ib))}, "
+                         "or different element types): compare a model with its own compressed output")

@@ -7,13 +7,20 @@ nothing is written unless the whole job succeeded (writes are atomic).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
-from . import __version__
+from . import __version__, validate
 from .errors import RedppError, VerificationFailed
+from .files import Interrupted, Outputs, external_data_files, input_file, signals_interrupt, write_error
+from .io import _default_mode
+from .runtime import ORT_ERRORS
+from .verify import ort_message
 
 EXIT_USER_ERROR = 2
 
@@ -88,6 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-rel-l2", type=float, metavar="X",
                    help="fail (exit 3, no model written; the --report is) when the verification's relative L2 "
                         "difference exceeds X, e.g. 0.1 as a gate in a pipeline")
+    c.add_argument("--verify-data", metavar="DATA.npz",
+                   help="verify on these inputs instead of synthetic ones: an npz with one array per model input, "
+                        "keyed by the input names, samples first (e.g. input_ids, attention_mask); every sample is "
+                        "used")
+    c.add_argument("--verify-samples", type=int, metavar="N",
+                   help="verify on exactly N synthetic samples (or the first N of --verify-data) instead of the "
+                        "automatic count: samples until the relative L2 is known within 2 %%, 32 to 512, at most "
+                        "about 10 s of runs")
     c.add_argument("--plot", metavar="DIR",
                    help="also write per-layer figures (reduction by step; expected vs measured pruning) "
                         "into DIR (needs matplotlib: pip install 'redpp-onnx[plot]')")
@@ -97,11 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("eval", help="top-1 / top-5 of a model on labelled data (optionally vs a reference)")
     e.add_argument("model", help="the ONNX model to evaluate")
-    e.add_argument("--data", required=True, help="an .npz data set (the shared CIFAR/ImageNet layouts, or x/y)")
-    e.add_argument("--ref", help="a reference model (e.g. the original): agreement and logit drift too")
+    e.add_argument("--data", required=True,
+                   help="an .npz data set: arrays named like the model's inputs (any model, e.g. input_ids, "
+                        "attention_mask) plus optional labels (or y); or x/y; or CIFAR/ImageNet images (docs/API.md)")
+    e.add_argument("--ref", help="a reference model (e.g. the original): per output cosine similarity and relative "
+                                 "L2 difference, and with labels the agreement of top-1")
     e.add_argument("--limit", type=int, help="only the first N samples")
     e.add_argument("--preprocess", default="auto", choices=("auto", "cifar", "imagenet", "raw"),
-                   help="auto: recognise the shared CIFAR-10 / ImageNet layouts (their documented preprocessing) "
+                   help="auto: recognise the CIFAR-10 / ImageNet layouts (docs/API.md gives their preprocessing) "
                         "or x/y arrays; raw: your own arrays (with --mean/--std for uint8 images)")
     e.add_argument("--mean", type=float, nargs="+", metavar="M", help="raw uint8 images: per-channel mean of x/255")
     e.add_argument("--std", type=float, nargs="+", metavar="S", help="raw uint8 images: per-channel std of x/255")
@@ -137,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _compress(args) -> int:
     from .compress import compress
     from .config import CompressConfig, HashConfig, MergeConfig
-    from .io import save_model
+    from .io import data_path, write_model
     from .passes.split import SplitConfig
 
     config = CompressConfig(
@@ -149,52 +167,72 @@ def _compress(args) -> int:
         calibrate=args.calibrate, max_drop=args.max_drop,
         split=SplitConfig(mode=args.split, portable=args.portable, tune=args.tune, tolerance=args.split_tolerance),
         codebook=args.codebook, verify=not args.no_verify,
+        verify_data=args.verify_data, verify_samples=args.verify_samples,
         input_shapes=_input_shapes(args.input_shape, args.input))
     src, dst = Path(args.input), Path(args.output)
-    if dst.exists() and dst.resolve() == src.resolve():
-        raise RedppError(f"{dst}: output is the input file; choose another path")
-    if dst.exists() and not args.force:
-        raise RedppError(f"{dst}: already exists; pass --force to overwrite")
-    if not dst.parent.is_dir():
-        raise RedppError(f"{dst}: the folder {dst.parent} does not exist")
-    if args.report and not Path(args.report).parent.is_dir():
-        raise RedppError(f"{args.report}: the folder {Path(args.report).parent} does not exist")
-    if args.calibrate and not Path(args.calibrate).is_file():
-        raise RedppError(f"{args.calibrate}: no such file")
-    if args.plot:
-        if not Path(args.plot).parent.is_dir():
-            raise RedppError(f"{args.plot}: the folder {Path(args.plot).parent} does not exist")
-        from .plots import _pyplot
-
-        _pyplot()  # fail before the work if matplotlib is missing
-    file_before = src.stat().st_size if src.is_file() else None
-    external = False
-    if src.is_file():
-        from .io import uses_external_data
-
-        try:
-            external = uses_external_data(src)
-        except Exception:  # noqa: BLE001 - not ONNX: load_model reports it properly below
-            external = False
-        if external:
-            data_files = {src.parent / t for t in _external_locations(src)}
-            file_before += sum(p.stat().st_size for p in data_files if p.is_file())
     if args.max_rel_l2 is not None and (args.no_verify or not args.max_rel_l2 >= 0):
         raise RedppError("--max-rel-l2 needs verification (drop --no-verify) and a value >= 0")
-    model, report = compress(src, config, progress=_Progress("hashing", not args.quiet),
-                             file_bytes_before=file_before, plot_dir=args.plot)
-    rel = report.verify.get("max_rel_l2")
-    if args.max_rel_l2 is not None and (rel is None or not rel <= args.max_rel_l2):
+    input_file(src, "ONNX model")
+    for data in (args.calibrate, args.verify_data):
+        if data:
+            input_file(data, "data set (.npz)")
+    external_in = external_data_files(src)
+    plan = Outputs(force=args.force)
+    plan.read("input model", src)
+    for p in external_in:
+        plan.read("input model's external data", p)
+    plan.read("--calibrate data", args.calibrate)
+    plan.read("--verify-data data", args.verify_data)
+    plan.write("output model", dst)
+    if external_in:  # external data in, external data out
+        plan.write("output model's external data", data_path(dst))
+    plan.write("report", args.report, replace=True)
+    if args.plot:
+        from .plots import PLOT_FILES, _pyplot
+
+        _pyplot()  # fail before the work if matplotlib is missing
+        plan.folder("--plot folder", args.plot)
+        for name in PLOT_FILES:
+            plan.write("figure", Path(args.plot) / name, replace=True)
+    plan.check()
+    file_before = src.stat().st_size + sum(p.stat().st_size for p in external_in if p.is_file())
+
+    with tempfile.TemporaryDirectory(prefix="redpp-plots-") as plot_tmp:
+        model, report = compress(src, config, progress=_Progress("hashing", not args.quiet),
+                                 file_bytes_before=file_before, plot_dir=plot_tmp if args.plot else None)
+        rel = report.verify.get("max_rel_l2")
+        if args.max_rel_l2 is not None and (rel is None or not rel <= args.max_rel_l2):
+            if args.report:
+                _commit(plan, [(Path(args.report), _text_writer(report.to_json))], args.report)
+            found = "verification was skipped: " + report.verify.get("skipped", "?") if rel is None else \
+                f"max relative L2 {rel:.3g} > --max-rel-l2 {args.max_rel_l2:g}"
+            where = f" (report: {args.report})" if args.report else ""
+            raise VerificationFailed(f"{found}; {dst} was not written{where}")
+        report.output = str(dst)
+        sizes = []
+
+        def write_model_file(staged):
+            files = write_model(model, staged, external=bool(external_in))
+            sizes.append(sum(f.stat().st_size for f in files))
+            report.model["file_bytes_after"] = sizes[0]
+            return files
+
+        writers = [(dst, write_model_file)]
+        if args.plot:
+            report.plots = [str(Path(args.plot) / Path(f).name) for f in report.plots or []]
+            writers += [(Path(f), _copy_writer(Path(plot_tmp) / Path(f).name)) for f in report.plots]
         if args.report:
-            _write_text_atomic(Path(args.report), report.to_json())
-        found = "verification was skipped: " + report.verify.get("skipped", "?") if rel is None else \
-            f"max relative L2 {rel:.3g} > --max-rel-l2 {args.max_rel_l2:g}"
-        where = f" (report: {args.report})" if args.report else ""
-        raise VerificationFailed(f"{found}; {dst} was not written{where}")
-    report.model["file_bytes_after"] = save_model(model, dst, force=True, external=external)
-    report.output = str(dst)
-    if args.report:
-        _write_text_atomic(Path(args.report), report.to_json())
+            writers.append((Path(args.report), _text_writer(report.to_json)))
+        made = None
+        if args.plot and not Path(args.plot).exists():
+            made = Path(args.plot)
+            made.mkdir()
+        try:
+            _commit(plan, writers, dst)
+        except BaseException:
+            if made is not None:
+                shutil.rmtree(made, ignore_errors=True)
+            raise
     if args.json:
         sys.stdout.write(report.to_json())
     elif not args.quiet:
@@ -205,48 +243,60 @@ def _compress(args) -> int:
     return 0
 
 
-def _eval(args) -> int:
-    from .evaluate import evaluate, load_dataset
+def _commit(plan, writers, what) -> None:
+    try:
+        plan.commit(writers)
+    except OSError as err:
+        raise write_error(err, what) from None
 
-    for path in [args.model, args.data] + ([args.ref] if args.ref else []):
-        if not Path(path).is_file():
-            raise RedppError(f"{path}: no such file")
+
+def _text_writer(text_fn):
+    def write(staged: Path):
+        staged.write_text(text_fn())
+        os.chmod(staged, _default_mode())
+        return [staged]
+    return write
+
+
+def _copy_writer(source: Path):
+    def write(staged: Path):
+        shutil.copyfile(source, staged)
+        return [staged]
+    return write
+
+
+def _eval(args) -> int:
+    from .evaluate import evaluate, load_data
+
+    _check_models([args.model] + ([args.ref] if args.ref else []))
+    input_file(args.data, "data set (.npz)")
     if args.limit is not None and args.limit < 1:
         raise RedppError(f"--limit must be >= 1, got {args.limit}")
     try:
-        data = load_dataset(args.data, preprocess=args.preprocess, mean=args.mean, std=args.std,
-                            layout=args.layout, limit=args.limit)
+        data = load_data(args.data, args.model, preprocess=args.preprocess, mean=args.mean, std=args.std,
+                         layout=args.layout, limit=args.limit)
         result = evaluate(args.model, data, batch_size=args.batch_size, reference=args.ref)
     except ValueError as err:
         raise RedppError(str(err).splitlines()[0]) from None
+    except ORT_ERRORS as err:
+        raise RedppError(f"onnxruntime cannot run the model: {ort_message(err)}") from None
     if args.json:
         sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
         return 0
-    print(f"{Path(args.model).name} on {data.name} (n={result.n}): top-1 {100 * result.top1:.2f}% "
-          f"({result.top1_correct}/{result.n}), top-5 {100 * result.top5:.2f}%")
-    if args.ref:
-        print(f"{Path(args.ref).name} (reference): top-1 {100 * result.reference_top1:.2f}% "
-              f"({result.reference_top1_correct}/{result.n}); agreement {100 * result.agreement:.2f}%, "
-              f"max |logit diff| {result.max_abs_logit_diff:.3g}")
+    sys.stdout.write(result.summary(Path(args.model).name, Path(args.ref).name if args.ref else None))
     return 0
 
 
 def _bench(args) -> int:
     from .bench import measure
 
-    for path in [args.model] + ([args.other] if args.other else []):
-        if not Path(path).is_file():
-            raise RedppError(f"{path}: no such file")
+    _check_models([args.model] + ([args.other] if args.other else []))
     for name in ("batch", "threads", "repeat"):
         if getattr(args, name) < 1:
             raise RedppError(f"--{name} must be >= 1, got {getattr(args, name)}")
     try:
         result = measure(args.model, args.other, batch=args.batch, threads=args.threads, repeat=args.repeat)
-    except RedppError:
-        raise
-    except Exception as err:  # noqa: BLE001 - onnxruntime's errors have many types
-        from .verify import ort_message
-
+    except ORT_ERRORS as err:
         raise RedppError(f"onnxruntime cannot run the model: {ort_message(err)}") from None
     if args.json:
         sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
@@ -260,6 +310,15 @@ def _bench(args) -> int:
         lo, hi = result.ratio_iqr
         print(f"B/A: {result.ratio:.3f} (ratio of medians; adjacent-run ratios, interquartile: {lo:.3f} .. {hi:.3f})")
     return 0
+
+
+def _check_models(paths) -> None:
+    """Each path is a readable ONNX model (one-line errors, before onnxruntime sees it)."""
+    from .io import load_model
+
+    for path in paths:
+        input_file(path, "ONNX model")
+        load_model(path)
 
 
 def _input_shapes(specs, model_path):
@@ -299,16 +358,24 @@ def _analyze(args) -> int:
     from .config import HashConfig
     from .io import load_model
 
-    if args.report and not Path(args.report).parent.is_dir():
-        raise RedppError(f"{args.report}: the folder {Path(args.report).parent} does not exist")
-    if args.data and not Path(args.data).is_file():
-        raise RedppError(f"{args.data}: no such file")
+    input_file(args.input, "ONNX model")
+    if args.data:
+        input_file(args.data, "data set (.npz)")
     if args.limit is not None and args.limit < 1:
         raise RedppError(f"--limit must be >= 1, got {args.limit}")
+    plan = Outputs()
+    plan.read("input model", args.input)
+    for p in external_data_files(args.input):
+        plan.read("input model's external data", p)
+    plan.read("--data", args.data)
+    plan.write("report", args.report, replace=True)
+    plan.check()
     config = HashConfig(weight_error=args.weight_error, bandwidth_factor=args.bandwidth_factor,
                         include_depthwise=args.include_depthwise)
     shapes = _input_shapes(args.input_shape, args.input)
     model = load_model(args.input)
+    validate.check_tensor_data(model)
+    model, _ = validate.check_input_model(model)
     check_input_shapes(model, shapes)
     try:
         with input_shapes(shapes):
@@ -317,42 +384,69 @@ def _analyze(args) -> int:
         raise RedppError(str(err)) from None
     text = json.dumps(result.to_dict(), indent=2) + "\n"
     if args.report:
-        _write_text_atomic(Path(args.report), text)
+        _commit(plan, [(Path(args.report), _text_writer(lambda: text))], args.report)
     sys.stdout.write(text if args.json else result.table())
     return 0
 
 
-def _external_locations(path: Path) -> set:
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)
-    return {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+EXIT_BUG = 1
+DEBUG_ENV = "REDPP_ONNX_DEBUG"
+"""Set to 1 to see the traceback of an internal error instead of its one-line summary."""
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    commands = {"compress": _compress, "analyze": _analyze, "eval": _eval, "bench": _bench}
     try:
-        if args.command == "compress":
-            return _compress(args)
-        if args.command == "analyze":
-            return _analyze(args)
-        if args.command == "eval":
-            return _eval(args)
-        if args.command == "bench":
-            return _bench(args)
+        with signals_interrupt(), _quiet_libraries():
+            return commands[args.command](args)
     except RedppError as err:
-        print(f"redpp-onnx: error: {err}", file=sys.stderr)
+        print(f"redpp-onnx: error: {_one_line(err)}", file=sys.stderr)
         return getattr(err, "exit_code", EXIT_USER_ERROR)
     except KeyboardInterrupt:
         print("redpp-onnx: interrupted; nothing was written", file=sys.stderr)
         return 130
-    return 1
+    except Interrupted as sig:
+        print(f"redpp-onnx: stopped by signal {sig.signum}; nothing was written", file=sys.stderr)
+        return 128 + sig.signum
+    except MemoryError:
+        print("redpp-onnx: error: out of memory; nothing was written", file=sys.stderr)
+        return EXIT_BUG
+    except Exception as err:  # noqa: BLE001 - a bug of ours: one line, the traceback on request
+        if os.environ.get(DEBUG_ENV) == "1":
+            raise
+        text = _one_line(err)[:500]
+        if "please report it" not in text:
+            text += "; this is a bug of redpp-onnx, please report it"
+        print(f"redpp-onnx: internal error: {type(err).__name__}: {text} (set {DEBUG_ENV}=1 for the traceback); "
+              "nothing was written", file=sys.stderr)
+        return EXIT_BUG
+
+
+@contextlib.contextmanager
+def _quiet_libraries():
+    """No numpy RuntimeWarning, no onnxruntime log line on stderr: errors reach the user as one
+    line of ours (warnings that matter are in the report)."""
+    import warnings
+
+    import onnxruntime as ort
+
+    from . import runtime
+
+    level = runtime.LOG_SEVERITY
+    runtime.LOG_SEVERITY = 4
+    ort.set_default_logger_severity(4)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            yield
+    finally:
+        runtime.LOG_SEVERITY = level
+        ort.set_default_logger_severity(2)
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())
 
 
 if __name__ == "__main__":

@@ -50,6 +50,10 @@ class CompressConfig:
     verify_batch: int = 2
     seed: int = 0
     input_shapes: Optional[dict] = None  # input name -> shape, for the model's dynamic dims
+    verify_data: Optional[str] = None    # --verify-data: an npz of named inputs to verify on instead
+    verify_samples: Optional[int] = None  # exactly this many synthetic samples (the first N of verify_data);
+    #                                       None: the automatic count of verify.py
+    verify_seconds: float = 10.0         # time budget of the automatic count (seconds of runs)
 
     def __post_init__(self):
         steps = tuple(self.steps)
@@ -68,6 +72,12 @@ class CompressConfig:
             raise RedppError("--calibrate chooses the merge α: it needs the merge step")
         if not isinstance(self.verify_batch, int) or self.verify_batch < 1:
             raise RedppError(f"verify batch must be >= 1, got {self.verify_batch!r}")
+        if self.verify_data is not None and not self.verify:
+            raise RedppError("--verify-data needs verification (drop --no-verify)")
+        if self.verify_samples is not None and (isinstance(self.verify_samples, bool)
+                                                or not isinstance(self.verify_samples, int) or self.verify_samples < 1):
+            raise RedppError(f"--verify-samples must be a whole number >= 1, got {self.verify_samples!r}")
+        _positive("verify time budget", self.verify_seconds, allow_zero=True)
         for name, shape in (self.input_shapes or {}).items():
             if not shape or not all(isinstance(d, int) and d >= 1 for d in shape):
                 raise RedppError(f"--input-shape {name}: dimensions must be whole numbers >= 1, got {shape!r}")

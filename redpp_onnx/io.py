@@ -9,8 +9,6 @@ model's opsets allow (onnx 1.23 writes IR 14 by default; onnxruntime 1.31 loads 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Union
 
@@ -42,8 +40,8 @@ def load_model(path: PathLike) -> onnx.ModelProto:
         raise RedppError(f"{p}: not an ONNX model (no graph, no opset)")
     try:
         onnx.external_data_helper.load_external_data_for_model(model, str(p.parent))
-    except (OSError, ValueError) as err:
-        raise RedppError(f"{p}: its external data cannot be read ({err})") from None
+    except (OSError, ValueError, onnx.checker.ValidationError) as err:
+        raise RedppError(f"{p}: its external data cannot be read ({' '.join(str(err).split())})") from None
     return model
 
 
@@ -77,30 +75,56 @@ def save_model(model: onnx.ModelProto, path: PathLike, *, force: bool = False,
     """Write ``model`` (not modified) to ``path`` atomically; returns the size in bytes (model
     file plus external data).
 
-    ``force``: overwrite an existing file. ``source``: the input file, never overwritten
-    without ``force``. With ``external`` (or for models over ~1.8 GB) the tensors go to one
-    external data file ``<name>.data`` beside the model; both files are written in a temporary
-    folder beside the destination and renamed, the data first.
+    ``force``: overwrite an existing file. ``source``: the input file, never overwritten. With
+    ``external`` (or for models over ~1.8 GB) the tensors go to one external data file
+    ``<name>.data`` beside the model; both appear together or not at all (``files.Outputs``).
     """
+    from .files import Outputs
+
     out = Path(path)
-    if not out.parent.is_dir():
-        raise RedppError(f"{out}: the folder {out.parent} does not exist")
-    if source is not None and out.exists() and out.resolve() == Path(source).resolve() and not force:
-        raise RedppError(f"{out}: output is the input file; choose another path or pass --force")
-    if out.exists() and not force and source is not None:
-        raise RedppError(f"{out}: already exists; pass --force to overwrite")
-    if external or model.ByteSize() > EXTERNAL_DATA_THRESHOLD:
-        return _save_external(model, out)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    os.close(fd)
-    try:
-        Path(tmp).write_bytes(serialize(model))
-        os.chmod(tmp, _default_mode())  # mkstemp makes it 0600; give what open() would
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return out.stat().st_size
+    external = external or model.ByteSize() > EXTERNAL_DATA_THRESHOLD
+    plan = Outputs(force=force)
+    plan.read("input model", source)
+    plan.write("output model", out)
+    if external:
+        plan.write("output's external data", data_path(out))
+    plan.check()
+    sizes = []
+    plan.commit([(out, lambda staged: _write_sized(model, staged, external, sizes))])
+    return sizes[0]
+
+
+def data_path(out: PathLike) -> Path:
+    """Where the external data of a model written to ``out`` goes."""
+    return Path(out).with_name(Path(out).name + ".data")
+
+
+def _write_sized(model, staged: Path, external: bool, sizes: list) -> list:
+    files = write_model(model, staged, external=external)
+    sizes.append(sum(f.stat().st_size for f in files))
+    return files
+
+
+def write_model(model: onnx.ModelProto, path: PathLike, *, external: bool = False) -> list:
+    """Write ``model`` (not modified) to ``path`` (not atomic: see ``files.Outputs``), with the IR
+    version onnxruntime loads; with ``external``, tensors over 1 KB go to ``<name>.data`` beside
+    it. Returns the files written."""
+    out = Path(path)
+    if not external:
+        with open(out, "wb") as f:
+            f.write(serialize(model))
+        os.chmod(out, _default_mode())
+        return [out]
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)  # onnx.save_model rewrites the tensors it externalises
+    copy.ir_version = runtime_ir_version(model)
+    data = data_path(out)
+    onnx.save_model(copy, str(out), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=data.name, size_threshold=1024)
+    files = [out] + ([data] if data.exists() else [])
+    for f in files:
+        os.chmod(f, _default_mode())
+    return files
 
 
 def _default_mode() -> int:
@@ -108,22 +132,3 @@ def _default_mode() -> int:
     umask = os.umask(0)
     os.umask(umask)
     return 0o666 & ~umask
-
-
-def _save_external(model: onnx.ModelProto, out: Path) -> int:
-    data_name = out.name + ".data"
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)  # onnx.save_model rewrites the tensors it externalises
-    copy.ir_version = runtime_ir_version(model)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        onnx.save_model(copy, str(staging / out.name), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=data_name, size_threshold=1024)
-        data = staging / data_name
-        if data.exists():
-            os.replace(data, out.parent / data_name)
-        os.replace(staging / out.name, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    data_path = out.parent / data_name
-    return out.stat().st_size + (data_path.stat().st_size if data_path.exists() else 0)

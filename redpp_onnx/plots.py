@@ -25,6 +25,9 @@ def _pyplot():
     return plt
 
 
+PLOT_FILES = ("pruning_by_layer.png", "expected_pruning.png")
+
+
 def write_plots(folder, model, report, hashed=None) -> list:
     """Write the figures for ``model`` (the input) and its ``report``; returns the paths written."""
     plt = _pyplot()

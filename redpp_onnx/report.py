@@ -4,7 +4,8 @@ JSON keys (stable; later steps add to them):
 ``model``: ``params_before/after``, ``pruning_ratio`` (removed / original float weights of the
 eligible layers), ``distinct_values_before/after`` and ``distinct_reduction`` (summed over
 eligible layers; reduction = 1 - after / before), ``macs_before/after`` (eligible layers, one
-sample), ``file_bytes_before/after``, ``nodes_before/after`` (count per op type), ``eligible_layers``,
+sample, at the ``--input-shape`` sizes; null when an output shape is unknown, printed "unknown"),
+``file_bytes_before/after``, ``nodes_before/after`` (count per op type), ``eligible_layers``,
 ``refused_layers``.
 ``layers[]``: per layer ``name``, ``op_type``, ``shape``, ``params``, ``macs``, ``method``,
 ``distinct_before/after``, ``bandwidth``, ``factor``, ``modes``, ``rel_error``, ``u_l``,
@@ -62,6 +63,12 @@ def _num(x, fmt="{:,}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
+def _macs(x, rows) -> str:
+    """A MAC total; None is "unknown" (a shape that depends on a dynamic dimension) when there
+    are eligible layers, "-" when there are none."""
+    return "unknown" if x is None and rows else _num(x)
+
+
 def _ratio(before, after) -> str:
     if not before or after is None:
         return "-"
@@ -109,12 +116,16 @@ def render_table(r: Report) -> str:
                 _ratio(m["params_before"], m["params_after"])),
                ("distinct weight values", _num(m.get("distinct_values_before")), _num(m.get("distinct_values_after")),
                 _ratio(m.get("distinct_values_before"), m.get("distinct_values_after"))),
-               ("MACs (eligible, 1 sample)", _num(m["macs_before"]), _num(m["macs_after"]),
+               ("MACs (eligible, 1 sample)", _macs(m["macs_before"], rows), _macs(m["macs_after"], rows),
                 _ratio(m["macs_before"], m["macs_after"])),
                ("file bytes", _num(m["file_bytes_before"]), _num(m["file_bytes_after"]),
                 _ratio(m["file_bytes_before"], m["file_bytes_after"]))]
+    unknown = sum(1 for l in rows if l.get("macs", 0) is None)
     for a, b, c, d in summary:
         lines.append(f"{a:28} {b:>16} {c:>16} {d:>9}")
+        if a.startswith("MACs") and unknown:
+            lines.append(f"  (unknown: the output shapes of {unknown} of {len(rows)} eligible layers are not known; "
+                         "give the sizes the model leaves dynamic with --input-shape NAME=D0,D1,...)")
     before, after = m.get("nodes_before") or {}, m.get("nodes_after") or {}
     changed = [op for op in sorted(set(before) | set(after)) if before.get(op, 0) != after.get(op, 0)]
     lines.append(f"{'nodes':28} {sum(before.values()):>16,} {sum(after.values()):>16,}")

@@ -9,6 +9,11 @@ from typing import Union
 import onnx
 import onnxruntime as ort
 
+LOG_SEVERITY = 3
+"""onnxruntime's log level for the sessions made here: 3 = errors only (onnxruntime warns about
+harmless things, e.g. unused constants). The CLI sets 4 (fatal only): it reports onnxruntime's
+errors itself, as one line."""
+
 _LIBRARY_NAME = {"darwin": "libredpp_ops.dylib", "win32": "redpp_ops.dll"}
 
 
@@ -38,7 +43,7 @@ def session_options(**options) -> ort.SessionOptions:
     defaults to errors only (``log_severity_level=3``); pass ``log_severity_level=1`` for warnings.
     """
     so = ort.SessionOptions()
-    so.log_severity_level = 3  # errors only (onnxruntime warns about harmless things, e.g. unused constants)
+    so.log_severity_level = LOG_SEVERITY
     for key, value in options.items():
         if key.startswith("_") or not hasattr(so, key):
             raise TypeError(f"unknown onnxruntime session option {key!r}")
@@ -61,3 +66,13 @@ def session(model: Union[str, os.PathLike, bytes, onnx.ModelProto], providers=No
         model = os.fspath(model)
     return ort.InferenceSession(model, sess_options=so,
                                 providers=providers or ["CPUExecutionProvider"])
+
+
+def _ort_errors() -> tuple:
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    return tuple(v for v in vars(state).values() if isinstance(v, type) and issubclass(v, Exception))
+
+
+ORT_ERRORS = _ort_errors()
+"""The exception types onnxruntime's Python binding raises (its own classes, not Python's)."""

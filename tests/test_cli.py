@@ -95,7 +95,7 @@ def test_output_folder_missing(model_path, tmp_path, capsys):
 
 def test_output_is_input(model_path, capsys):
     before = model_path.read_bytes()
-    _fails(["compress", str(model_path), "-o", str(model_path), "--force"], capsys, "output is the input")
+    _fails(["compress", str(model_path), "-o", str(model_path), "--force"], capsys, "same file as the input model")
     assert model_path.read_bytes() == before
 
 

@@ -417,3 +417,120 @@ def test_resnet20_paired_with_resnet56_on_exact1017():
     pair = evaluate(r20, ds, reference=r56)
     assert (pair.top1_correct, pair.reference_top1_correct) == (932, 943)
     assert 0.85 < pair.agreement < 1.0 and pair.mean_logit_diff_norm > 0
+
+
+# --------------------------------------------------------------------------- named inputs, non-finite data
+
+def _bert_pair():
+    from .test_verify import bert_like
+
+    return bert_like(), bert_like(perturb=0.05)
+
+
+def _sentence_npz(tmp_path, name="sentences.npz", **extra):
+    from .test_verify import _sentences
+
+    arrays = dict(_sentences(), **extra)
+    np.savez(tmp_path / name, **arrays)
+    return tmp_path / name, arrays
+
+
+def _cosines(a, b):
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def test_eval_on_named_inputs_without_labels_compares_every_output(tmp_path):
+    from redpp_onnx.evaluate import NamedInputs, load_inputs
+    import onnxruntime as ort
+
+    model, changed = _bert_pair()
+    path, arrays = _sentence_npz(tmp_path)
+    data = load_inputs(path, model)
+    assert isinstance(data, NamedInputs) and len(data) == 12 and data.labels is None
+    r = evaluate(changed, data, batch_size=5, reference=model)
+    assert r.n == 12 and r.top1 is None and r.agreement is None and r.num_classes is None
+    a = ort.InferenceSession(changed.SerializeToString()).run(None, arrays)[0].astype(np.float64)
+    b = ort.InferenceSession(model.SerializeToString()).run(None, arrays)[0].astype(np.float64)
+    (out,) = r.outputs
+    cos = _cosines(a, b)
+    assert out["name"] == "sentence_embedding"
+    assert out["cosine_mean"] == pytest.approx(cos.mean(), rel=1e-6)
+    assert out["cosine_min"] == pytest.approx(cos.min(), rel=1e-6)
+    assert out["rel_l2"] == pytest.approx(np.linalg.norm(a - b) / np.linalg.norm(b), rel=1e-6)
+    assert out["max_abs_diff"] == pytest.approx(np.abs(a - b).max(), rel=1e-6)
+    json.dumps(r.to_dict())
+
+
+def test_eval_on_named_inputs_with_labels_cli(tmp_path, capsys):
+    from redpp_onnx.cli import main
+    import onnxruntime as ort
+
+    model, changed = _bert_pair()
+    from .test_verify import _sentences
+    logits = ort.InferenceSession(model.SerializeToString()).run(None, _sentences())[0]
+    path, _ = _sentence_npz(tmp_path, labels=logits.argmax(1).astype(np.int64))
+    onnx.save(model, str(tmp_path / "ref.onnx"))
+    onnx.save(changed, str(tmp_path / "new.onnx"))
+    assert main(["eval", str(tmp_path / "new.onnx"), "--data", str(path), "--ref", str(tmp_path / "ref.onnx"),
+                 "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["n"] == 12 and d["reference_top1"] == 1.0 and 0 < d["top1"] <= 1 and d["agreement"] == d["top1"]
+    assert d["outputs"][0]["name"] == "sentence_embedding" and 0.5 < d["outputs"][0]["cosine_mean"] < 1
+    # the table: top-1 and one line per output
+    assert main(["eval", str(tmp_path / "new.onnx"), "--data", str(path), "--ref", str(tmp_path / "ref.onnx")]) == 0
+    text = capsys.readouterr().out
+    assert "top-1" in text and "sentence_embedding: cosine similarity mean" in text
+    # without labels: only the comparison; without --ref and labels there is nothing to measure
+    plain, _ = _sentence_npz(tmp_path, "plain.npz")
+    assert main(["eval", str(tmp_path / "new.onnx"), "--data", str(plain), "--ref", str(tmp_path / "ref.onnx")]) == 0
+    text = capsys.readouterr().out
+    assert "top-1" not in text and "relative L2" in text
+    assert main(["eval", str(tmp_path / "new.onnx"), "--data", str(plain)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no labels" in err and "--ref" in err and "\n" not in err
+
+
+def test_eval_image_data_with_ref_compares_outputs_too(tmp_path):
+    path, x, labels, model = _ranked_set(tmp_path, RANKS)
+    r = evaluate(model, load_dataset(path), reference=model)
+    assert r.outputs == ({"name": "logits", "cosine_mean": 1.0, "cosine_min": 1.0, "rel_l2": 0.0,
+                          "max_abs_diff": 0.0},)
+
+
+def _nan_npz(tmp_path, named=False):
+    path, x, labels, model = _ranked_set(tmp_path, RANKS)
+    x = x.copy()
+    x[3, 0, 1, 1] = np.nan
+    x[5, 1, 0, 0] = np.inf
+    bad = tmp_path / "nan.npz"
+    np.savez(bad, **({"X": x} if named else {"x": x, "y": labels}))
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    return bad, tmp_path / "m.onnx"
+
+
+def test_non_finite_data_is_rejected(tmp_path):
+    bad, model = _nan_npz(tmp_path)
+    msg = _error(bad)
+    assert "2 NaN/Inf value(s)" in msg and "sample 3" in msg
+    from redpp_onnx.evaluate import load_inputs
+
+    bad2, _ = _nan_npz(tmp_path, named=True)
+    with pytest.raises(ValueError, match=r"'X' holds 2 NaN/Inf value\(s\)") as info:
+        load_inputs(bad2, onnx.load(str(model)))
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("named", [False, True])
+def test_non_finite_data_cli_eval_and_calibrate(tmp_path, capsys, named):
+    from redpp_onnx.cli import main
+
+    bad, model = _nan_npz(tmp_path, named=named)
+    commands = [["eval", str(model), "--data", str(bad), "--ref", str(model)]]
+    if not named:
+        commands.append(["compress", str(model), "-o", str(tmp_path / "o.onnx"), "-q", "--calibrate", str(bad)])
+    for args in commands:
+        assert main(args) == 2, args
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("redpp-onnx: error:") and "\n" not in err and "Traceback" not in err
+        assert "NaN/Inf" in err and str(bad) in err, err
+    assert not (tmp_path / "o.onnx").exists()

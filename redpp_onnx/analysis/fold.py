@@ -27,7 +27,14 @@ def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
     used_elsewhere = {i for k, n in enumerate(graph.node) if k not in gone for i in n.input}
     used_elsewhere |= {o.name for o in graph.output}
     needed = [o for n in folded for o in n.output if o in used_elsewhere]
-    types = {vi.name: vi.type for vi in onnx.shape_inference.infer_shapes(model).graph.value_info}
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except (onnx.shape_inference.InferenceError, ValueError) as err:
+        from ..errors import RedppError
+
+        raise RedppError(f"onnx shape inference fails on the input model: {' '.join(str(err).split())[:300]}") \
+            from None
+    types = {vi.name: vi.type for vi in inferred.graph.value_info}
     needed = [o for o in needed if o in types and types[o].HasField("tensor_type")]
     if not needed:
         return model

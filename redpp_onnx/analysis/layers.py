@@ -31,7 +31,7 @@ class Layer:
     group: int = 1
     trans_b: bool = False  # Gemm only
     bias: Optional[str] = None
-    macs: Optional[int] = None  # multiply-adds for one sample (batch 1); None if unknown
+    macs: Optional[int] = None  # multiply-adds for one sample (see scan_layers); None if unknown
 
     @property
     def params(self) -> int:
@@ -161,26 +161,63 @@ def static_shapes(model: onnx.ModelProto, batch: int = 1) -> dict[str, tuple]:
     ``LARGE_CONSTANT`` elements is replaced by graph inputs of the shapes found first."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
-    initializers = {t.name for t in m.graph.initializer}
-    given = _INPUT_SHAPES.get()
-    for inp in m.graph.input:
-        if inp.name in initializers or not inp.type.HasField("tensor_type"):
-            continue
+    for inp, fixed in _data_inputs(m, batch):
         dims = inp.type.tensor_type.shape.dim
-        if inp.name in given and len(given[inp.name]) == len(dims):
-            for d, v in zip(dims, given[inp.name]):
+        for d, v in zip(dims, fixed):
+            if v is not None and not d.HasField("dim_value"):
                 d.Clear()
-                d.dim_value = int(v)
-        elif len(dims) and not dims[0].HasField("dim_value"):
-            dims[0].Clear()
-            dims[0].dim_value = batch
+                d.dim_value = v
     try:
         inferred = onnx.shape_inference.infer_shapes(m)
         first = _shapes_of(inferred)
         _cut_large_constants(m, first, {vi.name: vi.type.tensor_type.elem_type for vi in inferred.graph.value_info})
-        return {**first, **_shapes_of(onnx.shape_inference.infer_shapes(m, data_prop=True))}
-    except Exception:  # noqa: BLE001 - shapes are an optional refinement (MACs only)
+    except Exception:  # noqa: BLE001 - shapes are an optional refinement (MACs, timings)
         return {}
+    try:  # data propagation has failed on models the plain inference handles: keep what that found
+        return {**first, **_shapes_of(onnx.shape_inference.infer_shapes(m, data_prop=True))}
+    except Exception:  # noqa: BLE001
+        return first
+
+
+def _data_inputs(model: onnx.ModelProto, batch: int):
+    """(input, dims) for each graph input that is a tensor with a shape and not an initializer:
+    its dims as :func:`static_shapes` fixes them (the given shape, else axis 0 at ``batch`` when
+    the model leaves it dynamic; None for a dim that stays unknown)."""
+    initializers = {t.name for t in model.graph.initializer}
+    given = _INPUT_SHAPES.get()
+    for inp in model.graph.input:
+        tt = inp.type.tensor_type if inp.type.HasField("tensor_type") else None
+        if inp.name in initializers or tt is None or not tt.HasField("shape"):
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+        if inp.name in given and len(given[inp.name]) == len(dims):
+            dims = [int(v) for v in given[inp.name]]
+        elif dims and dims[0] is None:
+            dims[0] = batch
+        yield inp, dims
+
+
+def sample_batch(model: onnx.ModelProto, batch: int = 1) -> Optional[int]:
+    """How many samples the shapes of :func:`static_shapes` are for: axis 0 of the graph inputs
+    of rank >= 2 (those the model leaves dynamic there, else all), 1 without such inputs; None
+    when they disagree (no batch to divide the MACs by)."""
+    found = {}
+    for inp, dims in _data_inputs(model, batch):
+        if len(dims) >= 2:
+            dynamic = not inp.type.tensor_type.shape.dim[0].HasField("dim_value")
+            found.setdefault(dynamic, set()).add(dims[0])
+    sizes = found.get(True) or found.get(False) or {1}
+    return next(iter(sizes)) if len(sizes) == 1 else None
+
+
+def _per_sample_rows(out: Optional[tuple], batch: Optional[int]) -> Optional[int]:
+    """Rows a Gemm/MatMul computes for one sample: the positions of its output (every axis but
+    the last: batch, sequence, heads, ... in whatever order the exporter put them) divided by the
+    batch. None when the shape or the batch is unknown, or the positions are not per sample."""
+    if out is None or not batch:
+        return None
+    positions = int(np.prod(out[:-1], dtype=np.int64))
+    return positions // batch if positions % batch == 0 else None
 
 
 def _shapes_of(m: onnx.ModelProto) -> dict[str, tuple]:
@@ -231,14 +268,24 @@ def _cut_large_constants(m: onnx.ModelProto, shapes: dict[str, tuple], types: di
 
 
 def scan_layers(model: onnx.ModelProto, *, include_grouped: bool = False) -> LayerScan:
-    """Eligible layers and the reasons the other Conv/Gemm/MatMul nodes are not."""
+    """Eligible layers and the reasons the other Conv/Gemm/MatMul nodes are not.
+
+    MACs are for one sample at the shapes of :func:`static_shapes` (the ``--input-shape`` sizes
+    followed through the graph): a Conv's output positions per sample times ``C_in/group·kh·kw``;
+    a Gemm's or MatMul's output rows (every output axis but the last, divided by the batch of
+    :func:`sample_batch`) times its weight's size. None where the output shape is unknown (a
+    dynamic dimension not given), never counted as if that dimension were 1."""
     consts = ConstantTensors(model)
     names = node_names(model)
     shapes = static_shapes(model)
+    batch = sample_batch(model)
     consumers = defaultdict(list)
     for i, node in enumerate(model.graph.node):
         for j, inp in enumerate(node.input):
             consumers[inp].append((i, j))
+    in_subgraphs = {name for node in model.graph.node for a in node.attribute
+                    for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs))
+                    for sub in iter_nodes_deep(g) for name in sub.input}
     layers, refused = [], []
     for i, node in enumerate(model.graph.node):
         if node.op_type not in ("Conv", "Gemm", "MatMul") or node.domain not in ("", "ai.onnx"):
@@ -256,6 +303,13 @@ def scan_layers(model: onnx.ModelProto, *, include_grouped: bool = False) -> Lay
         if proto.data_type not in FLOAT_TYPES:
             refuse(f"weight has type {onnx.TensorProto.DataType.Name(proto.data_type)}; only float32 is handled")
             continue
+        bad = (_weight_problem(consts, weight, node.op_type) or _bias_problem(consts, node)
+               or _conv_attribute_problem(node, consts.proto(weight)))
+        if not bad and weight in in_subgraphs:
+            bad = "weight is also read inside a subgraph (If / Loop / Scan body), which is left untouched"
+        if bad:
+            refuse(bad)
+            continue
         users = consumers[weight]
         if len(users) > 1:
             others = ", ".join(names[k] for k, _ in users if k != i)
@@ -267,8 +321,8 @@ def scan_layers(model: onnx.ModelProto, *, include_grouped: bool = False) -> Lay
             group = int(_attr(node, "group", 1))
             if group != 1 and not include_grouped:
                 kind = "depthwise" if group == shape[0] and shape[1] == 1 else "grouped"
-                refuse(f"{kind} Conv (group={group}) skipped: hashing it harms accuracy (METHOD.md); "
-                       "use --include-depthwise")
+                refuse(f"{kind} Conv (group={group}) skipped: the paper found that hashing it harms accuracy "
+                       "(docs/HASHING.md); use --include-depthwise")
                 continue
             macs = int(np.prod(out[1:]) * np.prod(shape[1:])) if out else None
             bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
@@ -282,12 +336,68 @@ def scan_layers(model: onnx.ModelProto, *, include_grouped: bool = False) -> Lay
                 continue
             trans_b = bool(_attr(node, "transB", 0))
             bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
+            rows = _per_sample_rows(out, batch)
             layers.append(Layer(name, "Gemm", weight, shape, trans_b=trans_b, bias=bias,
-                                macs=int(np.prod(shape))))  # one row (batch 1)
+                                macs=rows * int(np.prod(shape)) if rows is not None else None))
         else:  # MatMul
             if len(shape) != 2:
                 refuse(f"MatMul weight has rank {len(shape)} (only 2-D weights [in, out])")
                 continue
-            rows = int(np.prod(out[1:-1])) if out and len(out) > 2 else 1
-            layers.append(Layer(name, "MatMul", weight, shape, macs=rows * int(np.prod(shape))))
+            rows = _per_sample_rows(out, batch)
+            layers.append(Layer(name, "MatMul", weight, shape,
+                                macs=rows * int(np.prod(shape)) if rows is not None else None))
     return LayerScan(tuple(layers), tuple(refused))
+
+
+def _weight_problem(consts: "ConstantTensors", weight: str, op_type: str) -> Optional[str]:
+    """Why a float weight cannot be hashed (empty, wrong rank, unreadable, not finite), or None."""
+    proto = consts.proto(weight)
+    shape = tuple(proto.dims)
+    if op_type == "Conv" and len(shape) < 3:
+        return f"Conv weight has rank {len(shape)} (expected [C_out, C_in/group, k...])"
+    if any(d <= 0 for d in shape):
+        return f"weight is empty (shape {list(shape)})"
+    try:
+        w = consts.array(weight)
+    except (ValueError, KeyError, TypeError) as err:
+        return f"weight cannot be read ({' '.join(str(err).split())[:120]})"
+    if w.shape != shape:
+        return f"weight data has {w.size} values for shape {list(shape)}"
+    finite = np.isfinite(w)
+    if not finite.all():
+        return (f"weight has {int(w.size - finite.sum())} NaN/Inf value(s): left as it is "
+                "(the model's outputs are probably not finite either)")
+    return None
+
+
+def _bias_problem(consts: "ConstantTensors", node: onnx.NodeProto) -> Optional[str]:
+    """Why a Conv's constant bias does not fit its weight (the passes read one value per channel)."""
+    if node.op_type != "Conv" or len(node.input) < 3 or not node.input[2] or node.input[2] not in consts:
+        return None
+    bias, weight = consts.proto(node.input[2]), consts.proto(node.input[1])
+    if list(bias.dims) != [weight.dims[0]]:
+        return f"bias has shape {list(bias.dims)}, not [{weight.dims[0]}] (one value per output channel)"
+    return None
+
+
+def _conv_attribute_problem(node: onnx.NodeProto, weight: onnx.TensorProto) -> Optional[str]:
+    """Why a Conv's attributes do not fit its weight (the passes rebuild the node from them)."""
+    if node.op_type != "Conv":
+        return None
+    spatial = len(weight.dims) - 2
+    attrs = {a.name: a for a in node.attribute}
+    expected = {"strides": spatial, "dilations": spatial, "pads": 2 * spatial, "kernel_shape": spatial}
+    for name, n in expected.items():
+        if name not in attrs:
+            continue
+        a = attrs[name]
+        if a.type != onnx.AttributeProto.INTS or len(a.ints) != n:
+            return f"attribute {name} has {len(a.ints)} integer value(s); {n} expected for {spatial} spatial dims"
+        low = 0 if name == "pads" else 1
+        if any(v < low for v in a.ints):
+            return f"attribute {name} has a value below {low}: {list(a.ints)}"
+    if "kernel_shape" in attrs and list(attrs["kernel_shape"].ints) != list(weight.dims[2:]):
+        return f"kernel_shape {list(attrs['kernel_shape'].ints)} differs from the weight's {list(weight.dims[2:])}"
+    if "group" in attrs and (attrs["group"].type != onnx.AttributeProto.INT or attrs["group"].i < 1):
+        return "attribute group is not a positive integer"
+    return None

@@ -371,6 +371,7 @@ class LayerTheory:
     measured_merge: Optional[float] = None
     measured_split: Optional[float] = None
     notes: list = dataclasses.field(default_factory=list)
+    macs: Optional[int] = None       # one sample (``scan_layers``); None: an output shape is unknown
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -457,7 +458,7 @@ def layer_theory(model: onnx.ModelProto, hash_layers=(), hashed_model: Optional[
         e = u / math.sqrt(fan_in) * act if math.isfinite(u) else float("nan")
         row = LayerTheory(layer.node, layer.op_type, layer.weight, tuple(layer.weight_shape), hashed,
                           fan_in, n_out, n_in, hw, u, src, bn.name if bn is not None else None, mu, sig,
-                          act, e, gains, notes=notes)
+                          act, e, gains, notes=notes, macs=layer.macs)
         if h is not None:
             row.distinct_after = int(h.distinct_after)
             m_plus = max(int(h.distinct_after), 1)
@@ -1047,6 +1048,12 @@ class AnalysisReport:
         if any(not r.hashed for r in self.layers):
             lines.append("(* not hashed: e_l = 0, enters U through its gain only)")
         lines.append("")
+        if self.layers:
+            unknown = sum(1 for r in self.layers if r.macs is None)
+            macs = (f"{sum(r.macs for r in self.layers):,}" if not unknown else
+                    f"unknown (the output shapes of {unknown} of {len(self.layers)} layers are not known; "
+                    "give the sizes the model leaves dynamic with --input-shape NAME=D0,D1,...)")
+            lines.append(f"MACs of these layers (1 sample): {macs}")
         for v in self.U:
             mark = " (default)" if v == self.default_variant else ""
             lines.append(f"U[{v}]{mark} = {f(self.U[v], '{:.4g}')}   first order {f(self.U_first_order[v], '{:.4g}')}"

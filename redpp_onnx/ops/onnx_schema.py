@@ -47,6 +47,10 @@ def _infer(ctx) -> None:
 
         def ints(name):
             attr = ctx.get_attribute(name)
+            if attr is not None and attr.type != onnx.AttributeProto.INTS:
+                raise onnx.shape_inference.InferenceError(
+                    f"SplitConv: attribute {name!r} must be of type ints, got "
+                    f"{onnx.AttributeProto.AttributeType.Name(attr.type).lower()}")
             return list(attr.ints) if attr is not None else None
 
         try:
@@ -63,6 +67,9 @@ def _infer(ctx) -> None:
                 if size < 1:
                     raise onnx.shape_inference.InferenceError(
                         "SplitConv: the dilated kernel is larger than the padded input")
+                if size > schema.INT64_MAX:
+                    raise onnx.shape_inference.InferenceError(
+                        f"SplitConv: output size {size} does not fit int64 (pads {geometry.pads})")
                 d.dim_value = size
     ctx.set_output_type(0, out)
 

@@ -78,15 +78,32 @@ OUTPUTS: tuple[tuple[str, str, str], ...] = (
 ACTIVATIONS: tuple[str, ...] = ("", "Relu", "Clip")  # code = position in this tuple
 
 ATTRIBUTES: tuple[Attribute, ...] = (
-    Attribute("strides", "ints", None, "stride per spatial axis; default 1"),
+    Attribute("strides", "ints", None, "stride per spatial axis, each >= 1; default 1"),
     Attribute("pads", "ints", None,
-              "[x1_begin, x2_begin, ..., x1_end, x2_end] as ONNX Conv; default 0"),
-    Attribute("dilations", "ints", None, "dilation per spatial axis; default 1"),
+              "[x1_begin, x2_begin, ..., x1_end, x2_end] as ONNX Conv, each >= 0; default 0"),
+    Attribute("dilations", "ints", None, "dilation per spatial axis, each >= 1; default 1"),
     Attribute("activation", "string", "",
               "fused activation applied last: '' (none), 'Relu', or 'Clip'"),
     Attribute("clip_min", "float", float("-inf"), "lower bound when activation is 'Clip'"),
     Attribute("clip_max", "float", float("inf"), "upper bound when activation is 'Clip'"),
 )
+
+ATTRIBUTE_KINDS: tuple[str, ...] = ("ints", "string", "float")
+"""Every attribute has exactly its declared kind (ONNX AttributeProto type INTS, STRING, FLOAT):
+a node whose attribute has another type (float strides, an int activation...) is refused, never
+read as the default. An ``ints`` attribute that is given is a non-empty list (empty lists are
+refused; omit the attribute for the default)."""
+
+REFUSED_ATTRIBUTES: tuple[str, ...] = ("auto_pad", "group", "kernel_shape")
+"""Conv attributes that SplitConv does not have: a node that carries one is refused (ignoring it
+would compute something else than the Conv it was copied from; writers resolve ``auto_pad`` into
+``pads``, and SplitConv is group 1 with the kernel shape of ``kernels``)."""
+
+INT64_MAX = 2 ** 63 - 1
+"""Geometry limits: the output-size arithmetic of every axis, ``in + pad_begin + pad_end`` and
+``dilation * (kernel - 1) + 1``, and the output's element count (and byte size) must fit in
+int64; a node or input for which they do not is refused with a message that names the
+attribute (never a wrapped-around shape)."""
 
 INPUT_INDEX = {inp.name: i for i, inp in enumerate(INPUTS)}
 ATTRIBUTE_BY_NAME = {a.name: a for a in ATTRIBUTES}
@@ -111,6 +128,10 @@ class ConvGeometry:
                 f"strides={list(strides)}, pads={list(pads)}, dilations={list(dilations)}")
         if min(strides) < 1 or min(dilations) < 1 or min(pads) < 0:
             raise ValueError("SplitConv: strides and dilations must be >= 1 and pads >= 0")
+        if max(strides + pads + dilations) > INT64_MAX:
+            raise ValueError("SplitConv: strides, pads and dilations must fit in int64")
+        if any(pads[a] + pads[a + ndim] > INT64_MAX for a in range(ndim)):
+            raise ValueError(f"SplitConv: pads {list(pads)}: begin + end overflows int64")
         return cls(strides, pads, dilations)
 
     def output_size(self, in_size, kernel_shape) -> tuple[int, ...]:
@@ -173,6 +194,15 @@ def render_cpp_header() -> str:
                  + ", ".join(f'"{i.name}"' for i in INPUTS) + "};")
     for a in ATTRIBUTES:
         lines.append(f'constexpr const char* kAttr_{a.name} = "{a.name}";')
+    assert all(a.kind in ATTRIBUTE_KINDS for a in ATTRIBUTES)
+    lines.append(f"constexpr size_t kNumAttrs = {len(ATTRIBUTES)};")
+    lines.append("constexpr const char* kAttrName[] = {" + ", ".join(f'"{a.name}"' for a in ATTRIBUTES) + "};")
+    lines.append("// the one AttributeProto type each attribute may have: \"ints\", \"string\" or \"float\"")
+    lines.append("constexpr const char* kAttrKind[] = {" + ", ".join(f'"{a.kind}"' for a in ATTRIBUTES) + "};")
+    lines.append("// Conv attributes a SplitConv node must not carry")
+    lines.append(f"constexpr size_t kNumRefusedAttrs = {len(REFUSED_ATTRIBUTES)};")
+    lines.append("constexpr const char* kRefusedAttrName[] = {"
+                 + ", ".join(f'"{n}"' for n in REFUSED_ATTRIBUTES) + "};")
     for code, act in enumerate(ACTIVATIONS):
         lines.append(f"constexpr int kActivation_{act or 'None'} = {code};")
     lines.append('constexpr const char* kActivationName[] = {'

@@ -72,8 +72,10 @@ __all__ = ["MIN_OPSET", "Layout", "TensorCodes", "pack", "pack_fields", "unpack"
 
 def pack_fields(fields: np.ndarray, widths) -> np.ndarray:
     """Fields (``fields[i] < 2^widths[i]``; ``widths`` an int or an array) laid end to end,
-    little-endian bit order, as bytes plus 2 zero bytes of padding (the decoder reads 3 bytes
-    from any field's first byte)."""
+    little-endian bit order, as ``total // 8 + 3`` bytes (``total``: the bits of all fields) with
+    zero padding. The decoder reads the 3 bytes from the byte of a field's start bit ``p``; the
+    largest ``p`` is ``total``, for an empty field (width 0) after all the data, so this is
+    ``ceil(total / 8) + 2`` bytes, and one more when ``total`` is a multiple of 8."""
     f = np.asarray(fields, np.int64).ravel()
     w = np.broadcast_to(np.asarray(widths, np.int64), f.shape)
     if f.size and (int(w.max()) > MAX_FIELD_BITS or np.any(f >> w)):
@@ -84,7 +86,8 @@ def pack_fields(fields: np.ndarray, widths) -> np.ndarray:
     for j in range(int(w.max()) if f.size else 0):
         has = w > j
         bits[offsets[has] + j] = (f[has] >> j) & 1
-    return np.concatenate([np.packbits(bits, bitorder="little"), np.zeros(2, np.uint8)])
+    data = np.packbits(bits, bitorder="little")
+    return np.concatenate([data, np.zeros(total // 8 + 3 - data.size, np.uint8)])
 
 
 def pack(codes: np.ndarray, bits: int) -> np.ndarray:
@@ -105,17 +108,21 @@ def unpack(packed: np.ndarray, bits, count: int) -> np.ndarray:
 
 def rank_codes(values: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     """``(codebook, codes)``: the distinct float32 values, most frequent first (ties: smaller
-    value first), and the rank of every weight's value (flat int64)."""
-    v, inv, counts = np.unique(np.asarray(values, np.float32).ravel(), return_inverse=True,
-                               return_counts=True)
-    order = np.argsort(-counts, kind="stable")
+    value first), and the rank of every weight's value (flat int64). Values are told apart by
+    their bits: -0.0 and 0.0 (and NaNs of different payloads) are distinct values, so that
+    ``codebook[codes]`` is the tensor bit for bit."""
+    bits, inv, counts = np.unique(np.ascontiguousarray(values, np.float32).ravel().view(np.uint32),
+                                  return_inverse=True, return_counts=True)
+    v = bits.view(np.float32)
+    order = np.lexsort((bits, v, -counts))
     rank = np.empty_like(order)
     rank[order] = np.arange(order.size)
     return v[order], rank[inv.ravel()].astype(np.int64)
 
 
 def lattice_codes(codebook: np.ndarray, unit: Optional[float]) -> Optional[np.ndarray]:
-    """Integers ``k`` (int16) with ``float32(k) * float32(unit) == codebook`` exactly, or None."""
+    """Integers ``k`` (int16) with ``float32(k) * float32(unit) == codebook`` exactly (the same
+    bits: a -0.0 is not on the lattice), or None."""
     if unit is None or not np.isfinite(unit) or unit <= 0:
         return None
     u32 = np.float32(unit)
@@ -126,7 +133,8 @@ def lattice_codes(codebook: np.ndarray, unit: Optional[float]) -> Optional[np.nd
     if k.size and (k.min() < info.min or k.max() > info.max):
         return None
     k = k.astype(LATTICE_DTYPE)
-    if not np.array_equal(k.astype(np.float32) * u32, codebook.astype(np.float32)):
+    if not np.array_equal((k.astype(np.float32) * u32).view(np.uint32),
+                          np.ascontiguousarray(codebook, np.float32).view(np.uint32)):  # -0.0 too
         return None
     return k
 
@@ -345,9 +353,11 @@ class _Builder:
 def _suffix_fields(b: _Builder, stream: np.ndarray, offsets: str, modulus: str) -> str:
     """int32 fields of ``stream`` (from :func:`pack_fields`) starting at bit ``offsets``. The
     3-byte windows are built once over the stream (smaller than the fields' count), so that a
-    field costs one Gather of its window, a shift and a mask."""
+    field costs one Gather of its window, a shift and a mask. There is a window at every byte
+    ``0 .. total // 8``: every start bit ``0 .. total`` has one, an empty field's at the very end
+    included (it reads the zero padding and its modulus 1 makes it 0)."""
     s = b.op("Cast", [b.init(stream)], to=onnx.TensorProto.INT32)
-    n = stream.size - 2
+    n = stream.size - 2  # total // 8 + 1 windows
     window = [b.op("Slice", [s, b.const([k], np.int64), b.const([n + k], np.int64)]) for k in range(3)]
     words = b.op("Add", [b.op("Add", [window[0], b.op("Mul", [window[1], b.const(256, np.int32)])]),
                          b.op("Mul", [window[2], b.const(65536, np.int32)])])
@@ -367,7 +377,7 @@ def _main_fields(b: _Builder, fields: np.ndarray, width: int) -> str:
     per_byte = 8 // width
     if width not in (1, 2, 4) or fields.size % per_byte:
         raise ValueError(f"class fields of {width} bits for {fields.size} weights")
-    stream = pack(fields, width)[:-2]
+    stream = pack(fields, width)[: fields.size // per_byte]  # whole bytes: the padding dropped
     column = b.op("Reshape", [b.op("Cast", [b.init(stream)], to=onnx.TensorProto.INT32),
                               b.const([-1, 1], np.int64)])
     split = b.op("Div", [column, b.const(1 << (width * np.arange(per_byte)), np.int32)])

@@ -13,7 +13,10 @@ those predicted to be at least as fast as onnxruntime's Conv (``split_cost.py``)
 ``tune``, measured so at conversion time. Every decision and its reason is in the report.
 
 ``portable``: instead of SplitConv, the same computation with standard ONNX ops (see
-:func:`_emit_portable`), for runtimes without our library.
+:func:`_emit_portable`), for runtimes without our library. Its selection matrix is dense once the
+session has built it, so a layer is emitted in that form only where it stores and computes no
+more than the dense Conv (:func:`portable_cost`, :meth:`PortableCost.refusal`); the report rows
+of portable layers count what the emitted graph really stores and computes.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ class LayerSplit:
     decision: str = "kept"           # split | kept
     fused: list = dataclasses.field(default_factory=list)
     reasons: list = dataclasses.field(default_factory=list)
+    portable: Optional[dict] = None  # --portable: PortableCost of the standard-op form (as a dict)
 
     @property
     def params_removed(self) -> int:
@@ -168,6 +172,15 @@ class SplitPass:
             int(split.kernels.shape[0]) * taps * pixels if pixels else None,
             nnz * pixels if pixels else None)
         row.relaxed_error = relaxed.rel_error
+        cost = None
+        if self.config.portable and self.config.mode != "none" and len(kshape) in (1, 2):
+            # What the standard-op form stores and computes replaces the SplitConv counts.
+            cost = portable_cost(split, pixels)
+            row.portable = dataclasses.asdict(cost)
+            row.params_after = cost.stored_floats
+            row.index_bytes = cost.index_bytes
+            row.products = cost.macs
+            row.additions = 0 if cost.macs is not None else None  # the selection Conv's MACs add
         if len(kshape) not in (1, 2):
             row.reasons.append(f"{len(kshape)}-D convolution: SplitConv handles 1-D and 2-D")
             return row, None
@@ -199,7 +212,14 @@ class SplitPass:
                     f"({row.kernels_unique} of {row.kernels_total} kernels unique, {row.kernels_zero} zero)"
                     if ratio is not None else "kept as Conv: no timing for this shape")
                 return row, None
-        fusion = _fusion(node, consumers, graph_outputs, consts, model) if self.config.fuse else _Fusion()
+        if cost is not None:
+            refusal = cost.refusal(_default_opset(model))
+            if refusal:
+                row.reasons.append(refusal)
+                return row, None
+        fusion = _fusion(node, consumers, graph_outputs, consts, model, c_out) if self.config.fuse else _Fusion()
+        if cost is not None:
+            row.reasons.append(cost.describe())
         row.decision = "split"
         row.fused = fusion.describe()
         bias = consts.array(node.input[2]) if len(node.input) > 2 and node.input[2] else None
@@ -263,13 +283,14 @@ def _sole_consumer(name, consumers, graph_outputs):
     return users[0]
 
 
-def _fusion(node, consumers, graph_outputs, consts, model) -> _Fusion:
+def _fusion(node, consumers, graph_outputs, consts, model, c_out: int) -> _Fusion:
     """The BatchNormalization and activation that can be folded after ``node`` (exactly)."""
     f = _Fusion(output=node.output[0])
     nxt = _sole_consumer(node.output[0], consumers, graph_outputs)
     if (nxt is not None and nxt.op_type == "BatchNormalization" and len(nxt.output) == 1
             and all(name in consts for name in nxt.input[1:5]) and nxt.input[0] == node.output[0]
-            and not _attr(nxt, "training_mode", 0)):
+            and not _attr(nxt, "training_mode", 0) and _attr(nxt, "spatial", 1)
+            and all(consts.array(n).shape == (c_out,) for n in nxt.input[1:5])):
         gamma, beta, mean, var = (consts.array(n).astype(np.float64) for n in nxt.input[1:5])
         eps = float(_attr(nxt, "epsilon", 1e-5))
         scale = gamma / np.sqrt(var + eps)
@@ -279,6 +300,10 @@ def _fusion(node, consumers, graph_outputs, consts, model) -> _Fusion:
     if nxt is not None and nxt.input and nxt.input[0] == f.output:
         if nxt.op_type == "Relu":
             f.act, f.activation, f.output = nxt, "Relu", nxt.output[0]
+        elif nxt.op_type == "Clip" and len(nxt.input) == 1:  # Clip-6 (opset < 11): bounds are attributes
+            lo, hi = _attr(nxt, "min"), _attr(nxt, "max")
+            f.act, f.activation, f.output = nxt, "Clip", nxt.output[0]
+            f.clip = (None if lo is None else float(lo), None if hi is None else float(hi))
         elif nxt.op_type == "Clip":
             lo = consts.array(nxt.input[1]) if len(nxt.input) > 1 and nxt.input[1] in consts else None
             hi = consts.array(nxt.input[2]) if len(nxt.input) > 2 and nxt.input[2] in consts else None
@@ -297,7 +322,7 @@ def _apply(model: onnx.ModelProto, plans: list, portable: bool) -> None:
         base = p.weight
         inits = {"kernels": p.split.kernels, "offsets": p.split.offsets, "idx": p.split.idx}
         if portable:
-            nodes, tensors = _emit_portable(p, base)
+            nodes, tensors = _emit_portable(p, base, _default_opset(model))
         else:
             tensors = [numpy_helper.from_array(v, f"{base}__split_{k}") for k, v in inits.items()]
             inputs = ["", "", "", "", "", "", ""]
@@ -345,54 +370,152 @@ def _drop_unused_initializers(model: onnx.ModelProto) -> None:
     model.graph.input.extend(inputs)
 
 
-def _emit_portable(p: _Plan, base: str):
-    """SplitConv's computation with standard ops (opset >= 11):
+def _default_opset(model: onnx.ModelProto) -> Optional[int]:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+
+
+PORTABLE_MIN_OPSET = 9
+"""The portable form's newest op is OneHot (opset 9); Clip takes its bounds as inputs from 11 on."""
+
+
+def _portable_layout(split: packing.SplitWeights):
+    """``k`` (unique kernels per input channel, zero-padded to the largest ``k_c``, at least 1)
+    and the selection index ``sel[o, c] = idx[c, o]``, or ``k`` for a zero kernel (OneHot maps an
+    index outside ``[-k, k-1]`` to a row of zeros), in the narrowest integer type that holds ``k``."""
+    k = max(int(split.kernels_per_channel.max()) if split.kernels_per_channel.size else 0, 1)
+    dtype = np.int8 if k <= np.iinfo(np.int8).max else np.int16 if k <= np.iinfo(np.int16).max else np.int32
+    idx = split.idx.T.astype(np.int64)
+    return k, np.where(idx < 0, k, idx).astype(dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class PortableCost:
+    """What the standard-op form of one layer (:func:`_emit_portable`) stores and computes.
+
+    ``k`` unique kernels per input channel (zero-padded to the largest ``k_c``): the grouped Conv
+    holds ``kernel_floats = C_in·k·taps`` weights and computes ``macs_grouped = kernel_floats·H'W'``;
+    the selection matrix, built when the session starts, holds ``selection_floats = C_out·C_in·k``
+    floats (``selection_bytes``; the file stores only its index, ``index_bytes``) and the 1x1
+    selection Conv computes ``macs_selection = selection_floats·H'W'``. ``dense_floats`` and
+    ``macs_dense`` are the Conv it replaces. MACs are None when the output size is not static.
+    """
+
+    k: int
+    kernel_floats: int
+    selection_floats: int
+    selection_bytes: int
+    index_bytes: int
+    dense_floats: int
+    macs_grouped: Optional[int]
+    macs_selection: Optional[int]
+    macs_dense: Optional[int]
+
+    @property
+    def stored_floats(self) -> int:
+        return self.kernel_floats + self.selection_floats
+
+    @property
+    def macs(self) -> Optional[int]:
+        return None if self.macs_grouped is None else self.macs_grouped + self.macs_selection
+
+    def refusal(self, opset: Optional[int]) -> str:
+        """Why this layer stays a Conv under ``--portable`` ('' when it is emitted). The rule:
+
+        * the model's opset must be >= 9 (OneHot builds the selection matrix);
+        * stored floats, the grouped kernels plus the selection matrix as materialised when the
+          session starts, must not exceed the dense Conv's weights: ``C_in·k·taps + C_out·C_in·k
+          <= C_out·C_in·taps``;
+        * MACs of the emitted pair must not exceed the dense Conv's: ``(C_in·k·taps +
+          C_out·C_in·k)·H'W' <= C_out·C_in·taps·H'W'`` (the same inequality when ``H'W'`` is
+          known: both Convs produce ``H'W'`` pixels).
+
+        So a layer is emitted only where ``k·(taps + C_out) <= C_out·taps``: never for 1x1
+        kernels, and for 3x3 only with at most 8 unique kernels per input channel.
+        """
+        if opset is not None and opset < PORTABLE_MIN_OPSET:
+            return (f"kept as Conv: --portable needs opset >= {PORTABLE_MIN_OPSET} (OneHot builds the selection "
+                    f"matrix) and this model imports opset {opset}")
+        why = []
+        if self.stored_floats > self.dense_floats:
+            why.append(f"store {self.stored_floats:,} floats (grouped kernels {self.kernel_floats:,}, k = {self.k} "
+                       f"per input channel, + selection matrix {self.selection_floats:,} = "
+                       f"{self.selection_bytes:,} bytes built at session start) > {self.dense_floats:,} dense weights")
+        if self.macs is not None and self.macs_dense is not None and self.macs > self.macs_dense:
+            why.append(f"compute {self.macs:,} MACs (grouped Conv {self.macs_grouped:,} + selection Conv "
+                       f"{self.macs_selection:,}) > {self.macs_dense:,} of the dense Conv")
+        return "kept as Conv: --portable would " + " and ".join(why) if why else ""
+
+    def describe(self) -> str:
+        macs = (f"; computes {self.macs:,} MACs (grouped Conv {self.macs_grouped:,} + selection Conv "
+                f"{self.macs_selection:,}) vs {self.macs_dense:,} dense" if self.macs is not None else "")
+        return (f"portable: stores {self.stored_floats:,} floats (grouped kernels {self.kernel_floats:,}, k = {self.k} "
+                f"per input channel, + selection matrix {self.selection_floats:,} = {self.selection_bytes:,} bytes "
+                f"built at session start from a {self.index_bytes:,}-byte index) vs {self.dense_floats:,} dense "
+                f"weights{macs}")
+
+
+def portable_cost(split: packing.SplitWeights, pixels: Optional[int]) -> PortableCost:
+    """The :class:`PortableCost` of ``split`` with ``pixels`` output pixels per image (None: unknown)."""
+    c_in, c_out = split.idx.shape
+    taps = int(np.prod(split.kernels.shape[1:]))
+    k, sel = _portable_layout(split)
+    kernel_floats, selection_floats = c_in * k * taps, c_out * c_in * k
+    nd = split.kernels.ndim - 1
+    index_bytes = int(sel.nbytes) + 8 + 2 * 4 + 8 * (2 + nd) + 4 * c_out  # index, depth, values, shape, scale
+    return PortableCost(
+        k, kernel_floats, selection_floats, 4 * selection_floats, index_bytes, c_out * c_in * taps,
+        kernel_floats * pixels if pixels else None, selection_floats * pixels if pixels else None,
+        c_out * c_in * taps * pixels if pixels else None)
+
+
+def _emit_portable(p: _Plan, base: str, opset: Optional[int]):
+    """SplitConv's computation with standard ops (opset >= 9):
 
         P = Conv(X, U, group=C_in)    U[c*k + u] = U_c[u] (zero-padded to k = max k_c kernels)
         Y = act(Conv(P, S, B'))       S[o, c*k + idx[c,o]] = scale[o], B' = scale*B + shift
 
-    S is built when the session starts, ScatterND of the (output, column) pairs into zeros, so
-    the file stores kernels, pairs and values, not the dense matrix. Each unique product is
-    computed once (the grouped Conv); the 1x1 Conv does the selection and the sum.
+    S is built when the session starts, ``OneHot(sel, k) * scale`` reshaped to a 1x1 kernel, with
+    ``sel[o, c] = idx[c, o]`` (``k`` for a zero kernel: a row of zeros), so the file stores the
+    kernels and a small integer index, not the dense matrix; onnxruntime folds it into a constant
+    of ``C_out·C_in·k`` floats (:class:`PortableCost`). Each unique product is computed once (the
+    grouped Conv); the 1x1 Conv does the selection and the sum.
     """
     split, node, fusion = p.split, p.node, p.fusion
     c_in, c_out = split.idx.shape
     kshape = split.kernels.shape[1:]
-    k = max(int(split.kernels_per_channel.max()), 1)
+    k, sel = _portable_layout(split)
     padded = np.zeros((c_in * k, 1) + kshape, np.float32)
-    cols, outs, vals = [], [], []
-    scale = fusion.scale if fusion.scale is not None else np.ones(c_out, np.float32)
     for c in range(c_in):
         lo, hi = int(split.offsets[c]), int(split.offsets[c + 1])
         padded[c * k:c * k + hi - lo, 0] = split.kernels[lo:hi]
-        used = np.flatnonzero(split.idx[c] >= 0)
-        outs.append(used)
-        cols.append(c * k + split.idx[c, used].astype(np.int64))  # idx may be int8: no overflow
-    outs, cols = np.concatenate(outs), np.concatenate(cols)
-    vals = scale[outs].astype(np.float32)
+    scale = fusion.scale if fusion.scale is not None else np.ones(c_out, np.float32)
     bias = np.zeros(c_out, np.float32) if p.bias is None else p.bias.astype(np.float32)
     bias = (scale * bias + (fusion.shift if fusion.shift is not None else 0)).astype(np.float32)
     n = f"{base}__portable"
     nd = len(kshape)
     tensors = [numpy_helper.from_array(padded, f"{n}_kernels"),
-               numpy_helper.from_array(np.stack([outs, cols], axis=1).astype(np.int32), f"{n}_pairs"),
-               numpy_helper.from_array(vals, f"{n}_values"),
-               numpy_helper.from_array(np.array([c_out, c_in * k], np.int64), f"{n}_sshape"),
+               numpy_helper.from_array(sel, f"{n}_index"),
+               numpy_helper.from_array(np.array([k], np.int64), f"{n}_depth"),
+               numpy_helper.from_array(np.array([0, 1], np.float32), f"{n}_onoff"),
+               numpy_helper.from_array(scale.astype(np.float32).reshape(c_out, 1, 1), f"{n}_scale"),
                numpy_helper.from_array(np.array([c_out, c_in * k] + [1] * nd, np.int64), f"{n}_wshape"),
                numpy_helper.from_array(bias, f"{n}_bias")]
     conv_out = f"{n}_sum" if fusion.activation else fusion.output
     nodes = [
         helper.make_node("Conv", [node.input[0], f"{n}_kernels"], [f"{n}_products"], name=f"{n}_products",
                          group=c_in, strides=p.strides, pads=p.pads, dilations=p.dilations),
-        helper.make_node("Cast", [f"{n}_pairs"], [f"{n}_pairs64"], to=onnx.TensorProto.INT64),
-        helper.make_node("ConstantOfShape", [f"{n}_sshape"], [f"{n}_zeros"],
-                         value=numpy_helper.from_array(np.zeros(1, np.float32))),
-        helper.make_node("ScatterND", [f"{n}_zeros", f"{n}_pairs64", f"{n}_values"], [f"{n}_select2d"]),
-        helper.make_node("Reshape", [f"{n}_select2d", f"{n}_wshape"], [f"{n}_select"]),
+        helper.make_node("Cast", [f"{n}_index"], [f"{n}_index64"], to=onnx.TensorProto.INT64),
+        helper.make_node("OneHot", [f"{n}_index64", f"{n}_depth", f"{n}_onoff"], [f"{n}_onehot"], axis=-1),
+        helper.make_node("Mul", [f"{n}_onehot", f"{n}_scale"], [f"{n}_select3d"]),
+        helper.make_node("Reshape", [f"{n}_select3d", f"{n}_wshape"], [f"{n}_select"]),
         helper.make_node("Conv", [f"{n}_products", f"{n}_select", f"{n}_bias"], [conv_out], name=f"{n}_sum"),
     ]
     if fusion.activation == "Relu":
         nodes.append(helper.make_node("Relu", [conv_out], [fusion.output]))
+    elif fusion.activation == "Clip" and opset is not None and opset < 11:  # Clip-6: bounds as attributes
+        lo, hi = fusion.clip
+        bounds = {key: v for key, v in (("min", lo), ("max", hi)) if v is not None}
+        nodes.append(helper.make_node("Clip", [conv_out], [fusion.output], **bounds))
     elif fusion.activation == "Clip":
         lo, hi = fusion.clip
         clip_inputs = [conv_out]

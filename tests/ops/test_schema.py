@@ -26,6 +26,8 @@ def test_compiled_contract_matches_schema_py():
                  "int16": TensorProto.INT16, "int8": TensorProto.INT8}
     assert compiled["inputs"] == [(i.name, [onnx_code[t] for t in i.dtypes], i.optional) for i in schema.INPUTS]
     assert tuple(compiled["activations"]) == schema.ACTIVATIONS
+    assert compiled["attributes"] == [(a.name, a.kind) for a in schema.ATTRIBUTES]
+    assert tuple(compiled["refused_attributes"]) == schema.REFUSED_ATTRIBUTES
     assert _core.build_info()["ort_api_version"] >= 29
 
 
@@ -62,6 +64,19 @@ def test_checker_and_shape_inference(x_shape, attrs, expected):
 def test_shape_inference_rejects_kernel_larger_than_input():
     model = split_conv_model(_weights(k=(5, 5)), x_shape=[1, 4, 3, 3], y_shape=None)
     with pytest.raises(onnx.shape_inference.InferenceError, match="larger than the padded input"):
+        onnx.shape_inference.infer_shapes(model, strict_mode=True)
+
+
+@pytest.mark.parametrize("attrs", [dict(pads=[2 ** 63 - 1] * 2), dict(pads=[2 ** 62, 2 ** 62 - 8]),
+                                   dict(dilations=[2 ** 62]), dict(strides=[2.0])])
+def test_shape_inference_refuses_geometry_beyond_int64(attrs):
+    """An output size that does not fit int64 (or a float stride) is an InferenceError, never a
+    wrapped-around or silently defaulted dimension."""
+    model = split_conv_model(_weights(k=(3,)), x_shape=[1, 4, 17], y_shape=None)
+    node = model.graph.node[0]
+    for key, value in attrs.items():
+        node.attribute.append(helper.make_attribute(key, value))
+    with pytest.raises(onnx.shape_inference.InferenceError):
         onnx.shape_inference.infer_shapes(model, strict_mode=True)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx import AttributeProto, TensorProto, helper
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, InvalidGraph, RuntimeException
 
 import redpp_onnx
@@ -17,6 +18,7 @@ from redpp_onnx.ops import packing
 from .models import split_conv_model
 
 ORT_ERRORS = (Fail, InvalidArgument, InvalidGraph, RuntimeException)
+I64_MAX, I64_MIN = 2 ** 63 - 1, -2 ** 63
 RNG = np.random.default_rng(3)
 WEIGHT = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)
 WEIGHT[1] = WEIGHT[0]
@@ -58,6 +60,41 @@ CASES = {
     "dilations_wrong_length": (dict(dilations=[1, 1, 1]), X, "dilations"),
     "unknown_activation": (dict(raw_attrs={"activation": "Tanh"}), X, "activation"),
     "clip_min_above_max": (dict(activation="Clip", clip_min=1.0, clip_max=-1.0), X, "clip_min"),
+    # issue 10: values whose output-size arithmetic overflows int64 (wrong shapes of zeros before)
+    "pads_int64_max_all": (dict(pads=[I64_MAX] * 4), X, "SplitConv: pads"),
+    "pads_int64_max_begin": (dict(pads=[I64_MAX, 0, 0, 0]), X, "SplitConv: pads"),
+    "pads_int64_max_end": (dict(pads=[0, 0, 0, I64_MAX]), X, "SplitConv: pads"),
+    "pads_sum_overflows": (dict(pads=[2 ** 62, 0, 2 ** 62, 0]), X, "SplitConv: pads"),
+    "pads_plus_input_overflows": (dict(pads=[2 ** 62, 0, 2 ** 62 - 1, 0]), X, "SplitConv: pads"),
+    "pads_int64_min": (dict(pads=[I64_MIN, 0, 0, 0]), X, "SplitConv: pads"),
+    "pads_huge_output": (dict(pads=[2 ** 40] * 4), X, "more elements than int64 can count (X [1, 3, 8, 8], "
+                         "kernel [3, 3], strides [], pads [1099511627776"),
+    "strides_negative": (dict(strides=[1, -I64_MAX]), X, "SplitConv: strides"),
+    "dilations_zero": (dict(dilations=[0, 1]), X, "SplitConv: dilations"),
+    "dilations_int64_max": (dict(dilations=[I64_MAX, 1]), X, "SplitConv: dilations"),
+    "dilations_times_kernel_overflows": (dict(dilations=[2 ** 62, 1], pads=[2 ** 61, 0, 2 ** 61, 0]), X,
+                                         "SplitConv: dilations"),
+    # issue 10: attributes of the wrong type (silently ignored before)
+    "strides_floats": (dict(raw_attrs={"strides": [2.0, 2.0]}), X, "attribute 'strides' must be of type ints"),
+    "strides_int": (dict(raw_attrs={"strides": 2}), X, "attribute 'strides' must be of type ints"),
+    "pads_string": (dict(raw_attrs={"pads": "1"}), X, "attribute 'pads' must be of type ints"),
+    "pads_floats": (dict(raw_attrs={"pads": [1.0, 1.0, 1.0, 1.0]}), X, "attribute 'pads' must be of type ints"),
+    "pads_empty": (dict(raw_attrs={"pads": helper.make_attribute("pads", [], attr_type=AttributeProto.INTS)}), X,
+                   "attribute 'pads' must be of type ints"),
+    "dilations_float": (dict(raw_attrs={"dilations": 2.0}), X, "attribute 'dilations' must be of type ints"),
+    "activation_int": (dict(raw_attrs={"activation": 1}), X, "attribute 'activation' must be of type string"),
+    "activation_strings": (dict(raw_attrs={"activation": ["Relu"]}), X,
+                           "attribute 'activation' must be of type string"),
+    "clip_min_string": (dict(activation="Clip", raw_attrs={"clip_min": "0"}), X,
+                        "attribute 'clip_min' must be of type float"),
+    "clip_max_int": (dict(activation="Clip", raw_attrs={"clip_max": 6}), X,
+                     "attribute 'clip_max' must be of type float"),
+    "clip_max_floats": (dict(activation="Clip", raw_attrs={"clip_max": [6.0]}), X,
+                        "attribute 'clip_max' must be of type float"),
+    # Conv attributes SplitConv does not have (honouring or ignoring them would change the result)
+    "conv_auto_pad": (dict(raw_attrs={"auto_pad": "SAME_UPPER"}), X, "attribute 'auto_pad' is not a SplitConv"),
+    "conv_group": (dict(raw_attrs={"group": 3}), X, "attribute 'group' is not a SplitConv"),
+    "conv_kernel_shape": (dict(raw_attrs={"kernel_shape": [3, 3]}), X, "attribute 'kernel_shape' is not a SplitConv"),
 }
 
 
@@ -66,8 +103,8 @@ def build(kwargs):
     raw_attrs = kwargs.pop("raw_attrs", None)
     model = split_conv_model(GOOD, **kwargs)
     for key, value in (raw_attrs or {}).items():  # bypass make_node's own validation
-        from onnx import helper
-        model.graph.node[0].attribute.append(helper.make_attribute(key, value))
+        attr = value if isinstance(value, AttributeProto) else helper.make_attribute(key, value)
+        model.graph.node[0].attribute.append(attr)
     return model
 
 
@@ -96,3 +133,40 @@ def test_make_node_rejects_bad_calls():
         onnx_schema.make_node(["X", "k"], ["Y"])
     with pytest.raises(ValueError, match="activation"):
         onnx_schema.make_node(["X", "k", "o", "i"], ["Y"], activation="Tanh")
+
+
+def _empty_kernels_model(kernel_dims, **attrs):
+    """No kernel at all (K = 0, every idx -1) but kernels of huge spatial dims: only the
+    geometry's arithmetic sees them (the tensor has no element)."""
+    c_in, c_out = GOOD.idx.shape
+    model = split_conv_model(GOOD, raw_inits={"offsets": np.zeros(c_in + 1, np.int64),
+                                              "idx": np.full((c_in, c_out), -1, np.int8)}, **attrs)
+    inits = model.graph.initializer
+    k = next(i for i, t in enumerate(inits) if t.name == "kernels")
+    inits[k].CopyFrom(helper.make_tensor("kernels", TensorProto.FLOAT, [0] + list(kernel_dims), []))
+    return model
+
+
+@pytest.mark.parametrize("kernel_dims,attrs,fragment", [
+    ((2 ** 32, 2 ** 32), {}, "kernel size overflows int64"),  # kh * kw
+    ((2 ** 62, 1), dict(dilations=[4, 1], pads=[2 ** 61, 0, 2 ** 61, 0]), "SplitConv: dilations"),  # d * (k - 1)
+    ((I64_MAX, 1), dict(pads=[I64_MAX, 0, 0, 0]), "SplitConv: pads"),  # aborted the process before
+])
+def test_kernel_shape_arithmetic_that_overflows_is_an_error(kernel_dims, attrs, fragment):
+    with pytest.raises(ORT_ERRORS) as info:
+        redpp_onnx.session(_empty_kernels_model(kernel_dims, **attrs)).run(None, {"X": X})
+    assert fragment in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("strides,pads", [([I64_MAX, I64_MAX], [2, 2, 2, 2]), ([2 ** 62, 1], [2, 1, 0, 1]),
+                                          ([1, I64_MAX - 1], [0, 5, 0, 5])])
+def test_huge_strides_are_valid_and_exact(strides, pads):
+    """A stride larger than the padded input is legal: one output pixel per axis (no overflow in
+    the column bounds, no read outside X)."""
+    from redpp_onnx.ops import reference
+
+    kwargs = dict(strides=strides, pads=pads)
+    y = redpp_onnx.session(split_conv_model(GOOD, **kwargs)).run(None, {"X": X})[0]
+    expected = reference.split_conv(X, GOOD.kernels, GOOD.offsets, GOOD.idx, **kwargs)
+    assert y.shape == expected.shape
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)

@@ -38,7 +38,7 @@ def test_pack_unpack_round_trip(bits):
     rng = np.random.default_rng(bits)
     codes = rng.integers(0, 1 << bits, size=1001)
     packed = cb.pack(codes, bits)
-    assert packed.size == (1001 * bits + 7) // 8 + 2
+    assert packed.size == 1001 * bits // 8 + 3  # 3 bytes readable from bit 1001 * bits on
     assert np.array_equal(cb.unpack(packed, bits, codes.size), codes)
 
 
@@ -47,7 +47,7 @@ def test_pack_fields_of_mixed_widths_round_trip():
     widths = rng.integers(0, 17, 3000)
     fields = rng.integers(0, 1 << 16, 3000) % (1 << widths)
     packed = cb.pack_fields(fields, widths)
-    assert packed.size == (int(widths.sum()) + 7) // 8 + 2
+    assert packed.size == int(widths.sum()) // 8 + 3
     assert np.array_equal(cb.unpack(packed, widths, fields.size), fields)
     with pytest.raises(ValueError, match="does not fit"):
         cb.pack_fields([4], [2])
@@ -88,6 +88,10 @@ def test_rank_codes_most_frequent_first():
     values = np.array([0.5, -1.0, 0.5, 2.0, 0.5, -1.0], np.float32)
     book, codes = cb.rank_codes(values)
     assert book.tolist() == [0.5, -1.0, 2.0] and np.array_equal(book[codes], values)
+    # values are told apart by their bits: -0.0 is not 0.0
+    signed = np.float32([0.0, -0.0, -0.0, 1.0])
+    book, codes = cb.rank_codes(signed)
+    assert book.size == 3 and np.array_equal(book[codes].view(np.uint32), signed.view(np.uint32))
 
 
 def test_lattice_codes_exact_or_none():
@@ -101,6 +105,7 @@ def test_lattice_codes_exact_or_none():
     assert cb.lattice_codes(np.float32([0, 40000 * unit]), unit) is None  # beyond int16
     assert cb.lattice_codes(book, None) is None
     assert cb.lattice_codes(book, 0.1) is None                      # unit not a float32 number
+    assert cb.lattice_codes(np.float32([-0.0, unit]), unit) is None  # 0 * unit is +0.0
 
 
 def test_kde_modes_lie_on_the_float32_lattice():
@@ -266,3 +271,19 @@ def test_static_shapes_of_a_codebook_model_cut_the_decoders(monkeypatch):
     large = lambda m: {o for n in m.graph.node for o in n.output  # noqa: E731
                        if o not in from_x and np.prod(packed_shapes.get(o, (0,))) > LARGE_CONSTANT}
     assert large(first) and not large(second)  # the decoders' large outputs were cut off
+
+
+@pytest.mark.parametrize("opset", [11, 17])
+def test_decoder_reads_a_zero_width_field_at_the_end_of_a_whole_byte_suffix(opset, tmp_path):
+    """Issue 10: the suffix fields take whole bytes (here 4 x 2 bits) and the last weight's field
+    is empty (rank 0, class of one value): it starts one bit past the data, where the decoder
+    still gathers a 3-byte window; onnxruntime failed with 'indices element out of data bounds'."""
+    unit = float(np.float32(1e-3))
+    values = (np.float32(unit) * np.float32([1, 2, 3, 4] + [0] * 12)).reshape(4, 4)
+    t = cb.tensor_codes("w", values, unit)
+    layout = cb.plan_layout(cb.rank_histogram(t.codes, t.codebook.size))[1]
+    cls, off = cb.encode(t.codes, layout)
+    assert layout == cb.Layout(1, (0, 2)) and t.codes[-1] == 0  # 8 suffix bits, then an empty field
+    widths = np.asarray(layout.classes)[cls]
+    assert np.array_equal(cb.unpack(cb.pack_fields(off, widths), widths, off.size), off)
+    _check_decoders([t], opset, tmp_path)

@@ -123,7 +123,7 @@ def test_portable_runs_in_plain_onnxruntime_and_matches(act):
     model = conv_bn_act(act)
     result = SplitPass(SplitConfig(mode="all", portable=True)).run(model)
     ops = _ops(result.model)
-    assert "SplitConv" not in ops and ops.count("ScatterND") == 2
+    assert "SplitConv" not in ops and ops.count("OneHot") == 2 and "ScatterND" not in ops
     assert not any(o.domain == "ai.redpp" for o in result.model.opset_import)
     onnx.checker.check_model(result.model, full_check=True)
     y = _run(result.model, X, plain=True)
@@ -195,3 +195,132 @@ def test_portable_with_many_channels_and_narrow_index_maps():
     result = SplitPass(SplitConfig(mode="all", portable=True)).run(model)
     assert result.layers[1].kernels_unique > 128 // 3
     assert _rel(_run(result.model, X, plain=True), _run(model, X)) <= TOL
+
+
+# --portable (issue 10, item 8): what the standard-op form stores and computes, and where it is refused
+
+def _portable_model(opset=17, act="Relu", seed=11):
+    """x -> Conv 3x3 (8->16, 3 kernels per input channel: worth emitting) -> BN -> act
+    -> Conv 1x1 (16->16, 3 values per input channel: the selection matrix outweighs it)
+    -> Conv 3x3 (16->16, no sharing) -> GAP -> Flatten -> Gemm, at the given opset."""
+    from onnx import TensorProto, helper
+
+    g = GraphBuilder(seed)
+    h = g.conv("x", 8, 16)
+    _shared_kernels(g, g.nodes[-1].input[1])
+    h = g.bn(h, 16)
+    if act == "Relu":
+        h = g.node("Relu", [h])
+    elif opset < 11:  # Clip-6: bounds are attributes
+        h = g.node("Clip", [h], min=0.0, max=1.5)
+    else:
+        h = g.node("Clip", [h, g.const(np.array(0, np.float32)), g.const(np.array(1.5, np.float32))])
+    h = g.conv(h, 16, 16, k=1)
+    _shared_kernels(g, g.nodes[-1].input[1], zero_share=0.0)
+    h = g.conv(h, 16, 16)
+    y = g.gemm(g.node("Flatten", [g.node("GlobalAveragePool", [h])]), 16, 10)
+    graph = helper.make_graph(g.nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8, 11, 13])],
+                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, ["N", 10])], g.inits)
+    model = onnx.helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=7)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _convs(result):
+    return [l for l in result.layers if l.decision != "counted"]
+
+
+def test_portable_refuses_layers_whose_selection_outweighs_the_dense_conv():
+    model = _portable_model()
+    result = SplitPass(SplitConfig(mode="all", portable=True)).run(model)
+    first, pointwise, dense = _convs(result)
+    assert [l.decision for l in (first, pointwise, dense)] == ["split", "kept", "kept"]
+    for layer in (pointwise, dense):  # the reason and its numbers, in the row; the layer stays a Conv
+        (reason,) = [r for r in layer.reasons if r.startswith("kept as Conv: --portable")]
+        cost = layer.portable
+        assert f"store {cost['kernel_floats'] + cost['selection_floats']:,} floats" in reason
+        assert f"selection matrix {cost['selection_floats']:,} = {cost['selection_bytes']:,} bytes" in reason
+        assert f"> {layer.params_before:,} dense weights" in reason and "MACs" in reason
+    assert pointwise.portable["k"] == 3 and dense.portable["k"] == 16
+    ops = _ops(result.model)
+    assert ops.count("Conv") == 2 + 2 and ops.count("OneHot") == 1 and "ScatterND" not in ops
+    onnx.checker.check_model(result.model, full_check=True)
+    assert _rel(_run(result.model, X, plain=True), _run(model, X, plain=True)) <= TOL
+
+
+def test_portable_rows_count_what_the_emitted_graph_stores_and_computes():
+    model = _portable_model()
+    result = SplitPass(SplitConfig(mode="all", portable=True)).run(model)
+    row = _convs(result)[0]
+    c_out, c_in, taps, pixels = 16, 8, 9, 11 * 13
+    k = row.portable["k"]
+    assert k == 3
+    kernel_floats, selection_floats = c_in * k * taps, c_out * c_in * k
+    assert row.params_after == kernel_floats + selection_floats < row.params_before == c_out * c_in * taps
+    assert row.products == (kernel_floats + selection_floats) * pixels and row.additions == 0
+    assert row.portable["selection_bytes"] == 4 * selection_floats
+    assert row.portable["macs_selection"] == selection_floats * pixels
+    # the emitted tensors are those counted: the grouped kernels, and an index whose OneHot is C_out x C_in x k
+    inits = {t.name: nh.to_array(t) for t in result.model.graph.initializer}
+    base = f"{row.weight}__portable"
+    assert inits[f"{base}_kernels"].size == kernel_floats
+    assert inits[f"{base}_index"].shape == (c_out, c_in) and inits[f"{base}_depth"].tolist() == [k]
+    assert row.index_bytes >= inits[f"{base}_index"].nbytes
+    assert any(r.startswith("portable: stores") for r in row.reasons)
+
+
+def test_portable_report_rows_carry_the_portable_numbers():
+    from redpp_onnx.compress import compress
+    from redpp_onnx.config import CompressConfig
+
+    _, report = compress(_portable_model(), CompressConfig(steps=("split",), split=SplitConfig(mode="all", portable=True)))
+    rows = [l for l in report.layers if l.get("split", {}).get("decision") in ("split", "kept")]
+    assert [l["split"]["decision"] for l in rows] == ["split", "kept", "kept"]
+    assert rows[0]["split"]["params_after"] == 8 * 3 * 9 + 16 * 8 * 3
+    assert all(any(r.startswith("kept as Conv: --portable would store") for r in l["reasons"]) for l in rows[1:])
+    assert report.model["params_after"] == report.model["params_before"] - (16 * 8 * 9 - (8 * 3 * 9 + 16 * 8 * 3))
+
+
+@pytest.mark.parametrize("opset", [9, 10, 13])
+@pytest.mark.parametrize("act", ["Relu", "Clip"])
+def test_portable_runs_at_opsets_before_11(opset, act):
+    """The selection matrix is built with OneHot (opset 9), the Clip with the opset's own form."""
+    model = _portable_model(opset, act)
+    result = SplitPass(SplitConfig(mode="all", portable=True)).run(model)
+    assert [l.decision for l in _convs(result)] == ["split", "kept", "kept"]
+    assert result.layers[0].fused == ["BatchNormalization", act]
+    assert result.model.opset_import[0].version == opset
+    onnx.checker.check_model(result.model, full_check=True)
+    assert _rel(_run(result.model, X, plain=True), _run(model, X, plain=True)) <= TOL
+
+
+def test_portable_below_opset_9_keeps_every_conv_with_the_reason():
+    model = _portable_model(8)
+    result = SplitPass(SplitConfig(mode="all", portable=True)).run(model)
+    assert all(l.decision == "kept" for l in _convs(result)) and _ops(result.model) == _ops(model)
+    assert all("--portable needs opset >= 9" in " ".join(l.reasons) and "opset 8" in " ".join(l.reasons)
+               for l in _convs(result))
+
+
+def test_clip_with_attribute_bounds_is_fused_with_its_bounds():
+    """Clip-6 (opset < 11) carries min/max as attributes: SplitConv's fused activation keeps them."""
+    model = _portable_model(10, "Clip")
+    result = SplitPass(SplitConfig(mode="all")).run(model)
+    assert result.layers[0].fused == ["BatchNormalization", "Clip"]
+    node = next(n for n in result.model.graph.node if n.op_type == "SplitConv")
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs["clip_min"] == 0.0 and attrs["clip_max"] == 1.5
+    assert _rel(_run(result.model, X), _run(model, X, plain=True)) <= TOL
+
+
+def test_portable_index_widens_past_127_kernels_per_channel():
+    """The index stores k for a zero kernel: k = 128 no longer fits int8."""
+    from redpp_onnx.ops import packing
+    from redpp_onnx.passes.split import _portable_layout, portable_cost
+
+    w = np.arange(129, dtype=np.float32).reshape(129, 1, 1, 1)  # 129 outputs, 1 input channel:
+    # a zero kernel (output 0) and 128 unique non-zero ones
+    split = packing.pack(w)
+    k, sel = _portable_layout(split)
+    assert k == 128 and sel.dtype == np.int16 and sel[0, 0] == k and sel.max() == k
+    assert portable_cost(split, None).macs is None
