@@ -43,7 +43,9 @@ def section_hashing(data) -> list[str]:
            "Distinct values are counted per eligible layer (Conv group 1, Gemm, MatMul with a constant "
            "weight; depthwise convs are not hashed by default) and summed; top-1 on the exact data "
            "(CIFAR-10 exact 1,017-image subset, ImageNet 1,000-image sample); agreement = same argmax as "
-           "the original; paired = CIFAR-10 JPEG 10k set (see ../shared/bench/PROVENANCE.md).", ""]
+           "the original; paired = the 10,000 CIFAR-10 test images as JPEG (quality 75), used for agreement only. "
+           "The pretrained models (ResNet-20/56 for CIFAR-10, EfficientNet-Lite0 for ImageNet) and their data "
+           "are kept outside the project: each benchmark script takes their folder with `--shared`.", ""]
     for model in dict.fromkeys(r["model"] for r in rows):
         paper = PAPER_HASHING.get(model)
         mrows = [r for r in rows if r["model"] == model]
@@ -166,16 +168,16 @@ def section_merge(data) -> list[str]:
                    f"{_pct(r['top1_hashed'])} | {_pct(r.get('agreement'))} | {_pct(diag)} | "
                    f"{_g(r.get('paper_pruning_percent_hash_merge0'))} |")
     zero = [r for r in rows if r["alpha"] == 0]
-    out += ["", "**What this shows.** With α = 0 no channel is merged on any shared model "
+    out += ["", "**What this shows.** With α = 0 no channel is merged on any benchmark model "
                 f"({', '.join(sorted({_pct(r['pruning_ratio']) + ' %' for r in zero}))} removed): where two weight "
                 "rows are equal (the diagnostic column, mostly all-zero filters), the BatchNorm parameters that "
                 "follow differ, so the channels are not identical functions and merging them would change the "
                 "model. The outputs equal the hashed model's exactly (agreement 100 %). The paper's 25 % and 58 % "
-                "come from its own weights. With α > 0 the rule of METHOD.md (distance below the α-percentile "
+                "come from its own weights. With α > 0 the rule of [docs/MERGE_SPLIT.md](MERGE_SPLIT.md) (distance below the α-percentile "
                 "links two channels; connected components become barycenters) chains whole layers together: "
                 "even α = 0.001 costs several points and α ≥ 0.05 brings the ResNets to chance level. The "
                 "paper's appendix describes α as the average share of neurons to merge, which this rule does "
-                "not give; we implement METHOD.md's rule and report what it does.", ""]
+                "not give; we implement the rule that doc describes and report what it does.", ""]
     return out
 
 
@@ -200,11 +202,11 @@ def section_ablation(data) -> list[str]:
     stars = sorted({(r["model"], r["alpha"]) for r in rows if r["alpha_data_driven"]})
     out += ["", "α* found: " + ", ".join(f"{m} {a:g}" for m, a in stars) + ". An α* of 0 means that even "
             "α = 1e-4 exceeded the budget (the rule merges at least the closest pair of every group).",
-            "", "**Why ours differ from the paper.** Per layer, the shared weights hold little exact repetition "
-            "after hashing (METHOD.md measured about 1 % mergeable and 3-4 % splittable conv parameters on the "
-            "ResNets): exact merge removes nothing (see Step 2) and exact split removes what the per-layer "
-            "table of `redpp-onnx compress --split all` shows (duplicated kernels per input channel, zero "
-            "kernels). EfficientNet-Lite0 is different: most of its convolutions are 1x1, whose 'kernels' are "
+            "", "**Why ours differ from the paper.** Per layer, the benchmark models' weights hold little exact "
+            "repetition after hashing (at ε = 0.02, about 1 % of the ResNets' conv parameters are mergeable and "
+            "3-4 % splittable, measured before these steps were built): exact merge removes nothing (see Step 2) "
+            "and exact split removes what the per-layer table of `redpp-onnx compress --split all` shows "
+            "(duplicated kernels per input channel, zero kernels). EfficientNet-Lite0 is different: most of its convolutions are 1x1, whose 'kernels' are "
             "scalars that repeat heavily after hashing, so exact split removes a large share there. "
             "SplitConv's index maps make the file larger where little is removed.", ""]
     return out
@@ -258,7 +260,7 @@ def section_latency(data) -> list[str]:
                    f"{data['meta'].get('session_pairs', 2)} session pairs created in both orders)." if control else "")
                 + " The median paired ratio (runs adjacent in time) is shown too; pooled over session pairs it "
                 "is the noisier of the two here. `--split all` is shown as measured: SplitConv is slower than "
-                "onnxruntime's Conv on every shared model (see the break-even section).", ""]
+                "onnxruntime's Conv on every benchmark model (see the break-even section).", ""]
     return out + [""]
 
 
@@ -398,7 +400,8 @@ def main(argv=None):
     lines = ["# Results", "",
              "Generated by `benchmarks/render_results.py` from the JSON files in `benchmarks/results/`; every "
              "number was measured on this project's 2-core machine with onnxruntime (CPU). The paper's numbers "
-             "are for its own weights, which we do not have (see ../shared/docs/METHOD.md).", ""]
+             "are for its own weights, which we do not have; how each step is implemented is in "
+             "[docs/HASHING.md](HASHING.md) and [docs/MERGE_SPLIT.md](MERGE_SPLIT.md).", ""]
     for name, render in (("hashing.json", section_hashing), ("theory.json", section_theory),
                          ("hashing_speed.json", section_speed), ("codebook.json", section_codebook),
                          ("scale.json", section_scale),

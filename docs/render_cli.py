@@ -11,7 +11,72 @@ sys.path.insert(0, str(ROOT))
 
 from redpp_onnx.cli import build_parser  # noqa: E402
 
-HEAD = "# The command line\n\n`redpp-onnx` has four commands: `compress` (the job), `analyze` (the data-free guarantee of\nhashing), `eval` (accuracy on labelled data) and `bench` (latency). Reference below, generated\nfrom the program's own help by `python docs/render_cli.py` (`tests/test_docs.py` checks that every\noption is here).\n\n## Behaviour users can rely on\n\n- **Nothing is written unless the job succeeded.** Outputs are written to a temporary file in the\n  destination folder and renamed; the input is never modified; an existing output is kept unless\n  `--force`; the output may not be the input.\n- **User mistakes end with one line and exit status 2**: `redpp-onnx: error: ...` naming the\n  file or option (a missing or unreadable file, a file that is not ONNX or is truncated, a missing\n  output folder, a bad option value, a model onnxruntime cannot load). Exit 130 on Ctrl-C.\n- **Verification is on by default**: seeded random inputs through the original (onnxruntime,\n  graph optimizations off) and the output; the report's `verify` gives the max |diff| and the\n  max relative L2 difference, and a warning is printed (and put in the report's notes) above 0.25.\n  Dynamic dimensions other than the batch take the sizes given with `--input-shape`, else 64\n  (the report says so; if the model rejects 64, verification is skipped with that reason).\n  `--max-rel-l2 X` makes it a gate for pipelines: above X, exit status 3, the model is not written\n  (the `--report` is, saying why).\n- **Output IR version**: the input's when onnxruntime loads it, else the lowest the opsets allow\n  (onnx 1.23 writes IR 14 by default; onnxruntime 1.31 loads at most 13).\n- **Reports**: the table on stdout (`-q` for none), the JSON with `--json` (stdout) or\n  `--report FILE`; the JSON keys are documented in `redpp_onnx/report.py`.\n- A progress line appears on stderr while layers are processed, only when stderr is a terminal.\n\n## What changes the function\n\nHashing (always within `--weight-error` per layer), `--alpha > 0`, `--split-tolerance > 0` and\n`--uniform-int8` change the function; the report's notes say so. Merge with `--alpha 0`, split\n(without tolerance) and `--codebook` are exact (up to float summation order). `--calibrate`\nchooses α on data and is labelled DATA-DRIVEN in the report.\n\n"
+HEAD = """# The command line
+
+`redpp-onnx` has four commands: `compress` (the job), `analyze` (the data-free guarantee of
+hashing), `eval` (accuracy on labelled data, or the agreement of two models on any model's inputs)
+and `bench` (latency). Reference below, generated from the program's own help by
+`python docs/render_cli.py` (`tests/test_docs.py` checks that every option is here).
+
+## Behaviour users can rely on
+
+- **Every path is checked before the work**, so a long run never ends in an error about a file:
+  what is read (the input model, its external data, `--calibrate`, `--verify-data`, `--data`)
+  must be a readable regular file (not a folder, a FIFO or a device); no output may be an input or
+  another output, also through a symbolic link, a hard link or `./x` (the report may not be the
+  model, nor overwrite the input or its `.data`); each output's folder must exist and take a new
+  file; no name may be longer than the file system allows; `--plot` must name a folder (and
+  matplotlib be installed). An existing output model, and its `.data` file, are replaced only
+  with `--force`. The `--report` (and the `--plot` figures) are replaced like a log, without
+  `--force`, but never when the report path is one of the inputs.
+- **All or nothing.** The outputs (model, its `.data`, report, figures) are written in full into a
+  hidden staging folder beside their destination, then renamed into place together; files they
+  replace are put back if a rename fails. On any error, on Ctrl-C and on SIGTERM or SIGHUP, nothing
+  of the run is left behind: no half-written file, no model without its `.data`, no temporary
+  file. The input is never modified.
+- **The input model is checked first.** Duplicate names, negative dimensions, weights whose data
+  does not match their shape (e.g. a truncated external data file), a graph `onnx.checker`
+  rejects and (unless `--no-verify`) a model onnxruntime cannot load are one-line errors. What
+  exporters commonly get wrong and onnxruntime accepts anyway (a missing `ir_version`, IR < 4,
+  `value_info` the checker rejects) is repaired on the working copy and said in the report's
+  notes.
+- **Exit statuses**: 0 done; 2 your input or options, with one line `redpp-onnx: error: ...`
+  naming the file or option; 3 the `--max-rel-l2` gate; 1 an internal error, i.e. a bug of
+  redpp-onnx (one line saying so; set `REDPP_ONNX_DEBUG=1` for the traceback); 128 + N when
+  stopped by signal N (130 on Ctrl-C, 143 on SIGTERM). Nothing is written in any failing case
+  except the `--report` of the gate. No numpy warning or onnxruntime log line reaches stderr.
+- **Verification is on by default**: the original (onnxruntime, graph optimizations off) and the
+  output run on the same inputs. Without data they are synthetic, seeded and realistic: floats
+  N(0, 1); integer inputs that index an embedding table (token ids) uniform within its rows;
+  inputs named like `mask` all ones; integer `type`/`segment` ids 0; other int8/uint8 inputs their
+  full range; other integers 0 or 1. Samples are pooled: runs of 2 are added until every output's
+  relative L2 difference is known within 2 % (its standard error), at least 32 and at most 512
+  samples, and no new run after about 10 s (a note then says the figure is less precise).
+  `--verify-samples N` fixes the count. `--verify-data DATA.npz` verifies on your own inputs
+  instead: one array per model input, keyed by the input names, samples first, checked against
+  the model (names, ranks, fixed dimensions, dtype kinds, finite values); every sample is used (the
+  first N with `--verify-samples`). The table's `verify:` line and the report's `verify` give the
+  max |diff|, the max relative L2 difference (pooled over the samples), the cosine similarity per
+  output and what was fed; above 0.25 a warning is printed (a note for random token ids, which
+  can overstate the drift). Dynamic dimensions other than the batch take the sizes given with
+  `--input-shape`, else 64 (the report says so; if the model rejects 64, verification is skipped
+  with that reason). `--max-rel-l2 X` makes it a gate for pipelines: above X (or when the
+  verification was skipped), exit status 3, the model is not written (the `--report` is, saying
+  why).
+- **Output IR version**: the input's when onnxruntime loads it, else the lowest the opsets allow
+  (onnx 1.23 writes IR 14 by default; onnxruntime 1.31 loads at most 13).
+- **Reports**: the table on stdout (`-q` for none), the JSON with `--json` (stdout) or
+  `--report FILE`; the JSON keys are documented in `redpp_onnx/report.py` (`verify`: docs/API.md).
+- A progress line appears on stderr while layers are processed, only when stderr is a terminal.
+
+## What changes the function
+
+Hashing (always within `--weight-error` per layer), `--alpha > 0`, `--split-tolerance > 0` and
+`--uniform-int8` change the function; the report's notes say so. Merge with `--alpha 0`, split
+(without tolerance) and `--codebook` are exact (up to float summation order). `--calibrate`
+chooses α on data and is labelled DATA-DRIVEN in the report.
+
+"""
 
 
 def main():

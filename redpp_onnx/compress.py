@@ -274,8 +274,8 @@ def _alias_note(aliases: int) -> list:
 
 
 def _guess_note(verify_info: dict) -> list:
-    """What the verification fed (inputs, sample count, why it stopped) and, when dynamic dims were
-    guessed, how to give them."""
+    """When the verification was cut short by its time budget, and when dynamic dims were guessed:
+    how to give them."""
     notes = _inputs_note(verify_info)
     if not verify_info.get("guessed_dims"):
         return notes
@@ -286,22 +286,13 @@ def _guess_note(verify_info: dict) -> list:
 
 
 def _inputs_note(verify_info: dict) -> list:
-    if "samples" not in verify_info:
+    """Said only when the verification figure is less certain than usual (the table's verify line
+    says what was fed and how many samples)."""
+    stopped = verify_info.get("stopped") or ""
+    if not stopped.startswith("time budget"):
         return []
-    n, runs, batch = verify_info["samples"], verify_info.get("runs"), verify_info.get("batch")
-    if verify_info.get("data") == "user":
-        return [f"verification on {verify_info.get('source')}: {verify_info.get('stopped')} ({runs} runs of up to "
-                f"{batch})"]
-    fed = []
-    for name, d in (verify_info.get("inputs") or {}).items():
-        if d.get("distribution") == "uniform integers":
-            fed.append(f"{name} uniform integers {d['range'][0]}..{d['range'][1]}")
-        elif d.get("distribution") == "constant":
-            fed.append(f"{name} all {d['value']}")
-        else:
-            fed.append(f"{name} {d.get('distribution')}")
-    return [f"verification on {n} synthetic samples ({runs} runs of {batch}, seed {verify_info.get('seed')}: "
-            f"{', '.join(fed)}); stopped at: {verify_info.get('stopped')}"]
+    return [f"verification stopped by its {stopped}, after {verify_info.get('samples')} samples; "
+            "--verify-samples N fixes the count"]
 
 
 def _control_flow_note(model: onnx.ModelProto) -> list:

@@ -10,7 +10,8 @@ sample, at the ``--input-shape`` sizes; null when an output shape is unknown, pr
 ``layers[]``: per layer ``name``, ``op_type``, ``shape``, ``params``, ``macs``, ``method``,
 ``distinct_before/after``, ``bandwidth``, ``factor``, ``modes``, ``rel_error``, ``u_l``,
 ``seconds``, ``reasons`` (why it was left unchanged or refused; ``eligible`` false for refused).
-``verify``: ``max_abs_diff``, ``max_rel_l2`` (or ``skipped``). ``timings``: seconds per stage.
+``verify``: ``max_abs_diff``, ``max_rel_l2``, what was fed and how many samples (or ``skipped``:
+see ``verify.VerifyResult``). ``timings``: seconds per stage.
 ``notes``: what changed in the function and why it holds.
 """
 
@@ -57,6 +58,16 @@ def _json_default(obj):
     if isinstance(obj, tuple):
         return list(obj)
     raise TypeError(f"not JSON serializable: {type(obj).__name__}")
+
+
+def _fed(name: str, spec: dict) -> str:
+    """One verification input as the table says it: ``ids uniform 0..29999``, ``x N(0, 1)``."""
+    kind = spec.get("distribution")
+    if kind == "uniform integers":
+        return f"{name} uniform {spec['range'][0]}..{spec['range'][1]}"
+    if kind == "constant":
+        return f"{name} = {spec['value']}"
+    return f"{name} N(0, 1)"
 
 
 def _num(x, fmt="{:,}") -> str:
@@ -136,8 +147,12 @@ def render_table(r: Report) -> str:
     if "skipped" in v:
         lines.append(f"verify: skipped ({v['skipped']})")
     else:
-        lines.append(f"verify: max |diff| {v['max_abs_diff']:.3g}, max relative L2 {v['max_rel_l2']:.3g} "
-                     f"(batch {v['batch']} of seeded random inputs, onnxruntime)")
+        fed = (f"{v.get('samples', '?')} samples of {v.get('source', 'your data')}" if v.get("data") == "user" else
+               f"{v.get('samples', '?')} seeded synthetic samples: "
+               + ", ".join(_fed(name, i) for name, i in (v.get("inputs") or {}).items()))
+        cos = [o["cosine_min"] for o in v.get("outputs", []) if o.get("cosine_min") is not None]
+        lines.append(f"verify: max |diff| {v['max_abs_diff']:.3g}, max relative L2 {v['max_rel_l2']:.3g}"
+                     + (f", min cosine {min(cos):.4f}" if cos else "") + f" ({fed}; onnxruntime)")
     for note in r.notes:
         lines.append(f"warning: {note[len('WARNING: '):]}" if note.startswith("WARNING: ") else f"note: {note}")
     return "\n".join(lines) + "\n"

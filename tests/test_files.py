@@ -378,3 +378,56 @@ def test_output_naming_the_verify_data_is_refused(work, capsys):
         _one_line_error(capsys, main(["compress", str(model), "--verify-data", str(data)] + args),
                         fragment="same file as the --verify-data data")
     assert _files(tmp) == before
+
+
+def _bad_model_file(kind: str, folder: Path) -> Path:
+    path = folder / f"{kind}.onnx"
+    if kind == "folder":
+        path.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "garbage":
+        path.write_bytes(b"\x00\xffnot onnx\x08" * 20)
+    elif kind == "truncated":
+        data = (DIGITS / "digits_cnn.onnx").read_bytes()
+        path.write_bytes(data[: len(data) // 3])
+    elif kind == "external-missing":
+        onnx.save_model(onnx.load(str(DIGITS / "digits_cnn.onnx")), str(path), save_as_external_data=True,
+                        location="gone.data", size_threshold=64)
+        (folder / "gone.data").unlink()
+    return path
+
+
+BATTERY = ["missing", "folder", "fifo", "empty", "garbage", "truncated", "external-missing"]
+
+
+@pytest.mark.parametrize("kind", BATTERY)
+@pytest.mark.parametrize("command", ["compress", "analyze", "eval", "eval --ref", "bench", "bench B"])
+def test_every_subcommand_refuses_a_bad_model_file_in_one_line(tmp_path, capsys, command, kind):
+    bad = _bad_model_file(kind, tmp_path)
+    good, data = str(DIGITS / "digits_cnn.onnx"), str(DIGITS / "digits_test.npz")
+    args = {"compress": ["compress", str(bad), "-o", str(tmp_path / "o.onnx"), "--report", str(tmp_path / "r.json")],
+            "analyze": ["analyze", str(bad), "--report", str(tmp_path / "r.json")],
+            "eval": ["eval", str(bad), "--data", data], "eval --ref": ["eval", good, "--data", data, "--ref", str(bad)],
+            "bench": ["bench", str(bad)], "bench B": ["bench", good, str(bad), "--repeat", "1"]}[command]
+    before = _files(tmp_path)
+    err = _one_line_error(capsys, main(args))
+    assert bad.name in err
+    assert _files(tmp_path) == before
+
+
+@pytest.mark.parametrize("kind", ["missing", "folder", "fifo", "empty", "garbage"])
+@pytest.mark.parametrize("command", ["eval", "analyze", "compress --calibrate", "compress --verify-data"])
+def test_every_subcommand_refuses_a_bad_data_file_in_one_line(tmp_path, capsys, command, kind):
+    bad = _bad_model_file(kind, tmp_path).rename(tmp_path / "data.npz") if kind != "missing" else tmp_path / "data.npz"
+    good = str(DIGITS / "digits_cnn.onnx")
+    args = {"eval": ["eval", good, "--data", str(bad)], "analyze": ["analyze", good, "--data", str(bad)],
+            "compress --calibrate": ["compress", good, "-o", str(tmp_path / "o.onnx"), "--calibrate", str(bad),
+                                     "--alpha", "0.1"],
+            "compress --verify-data": ["compress", good, "-o", str(tmp_path / "o.onnx"), "--verify-data", str(bad)]}
+    before = _files(tmp_path)
+    err = _one_line_error(capsys, main(args[command]))
+    assert "data.npz" in err
+    assert _files(tmp_path) == before
