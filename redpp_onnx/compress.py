@@ -22,6 +22,7 @@ from .passes.hash import HashPass, refusal_dict, store_codebooks
 from .passes.merge import MergePass, calibrate
 from .passes.split import SplitPass
 from .report import Report
+from .runtime import ORT_ERRORS
 
 Progress = Callable[[int, int, str], None]
 
@@ -113,10 +114,8 @@ def _compress(model, config: CompressConfig, *, progress, file_bytes_before, plo
             if verify_data is not None or str(err).startswith("onnxruntime cannot load the input model"):
                 raise
             verify_info = {"skipped": str(err)}
-        except RuntimeError:
-            raise
-        except Exception as err:  # noqa: BLE001 - onnxruntime's errors have many types
-            raise RedppError(f"onnxruntime cannot run the model: {verify.ort_message(err)}") from None
+        except ORT_ERRORS as err:  # the input model failing on a later batch (ours raise RuntimeError)
+            raise RedppError(f"onnxruntime cannot run the input model: {verify.ort_message(err)}") from None
         timings["verify"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t0
     if progress is not None:

@@ -50,7 +50,7 @@ import onnxruntime as ort
 
 from . import io
 from .errors import RedppError
-from .runtime import session
+from .runtime import ORT_ERRORS, session
 
 _NP_TYPE = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.float64,
             onnx.TensorProto.FLOAT16: np.float16, onnx.TensorProto.INT64: np.int64,
@@ -452,7 +452,11 @@ def compare(original: onnx.ModelProto, candidate: onnx.ModelProto, *, batch: int
                     "--input-shape NAME=D0,D1,...)" if guessed else "")
             raise RedppError(f"the input model does not run on the verification inputs {fed}{hint}: "
                              f"{ort_message(err)}; or verify on your own inputs with --verify-data DATA.npz") from None
-        new_out = new.run(names, feeds)
+        try:
+            new_out = new.run(names, feeds)
+        except ORT_ERRORS as err:  # the input ran on these inputs: the output must too
+            raise RuntimeError(f"redpp-onnx produced a model that fails in onnxruntime where the input model runs "
+                               f"({ort_message(err)}); please report it") from err
         spent += time.perf_counter() - t
         n = _samples_in(feeds)
         drift.add(ref_out, new_out, n)
