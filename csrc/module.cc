@@ -5,10 +5,15 @@
 //                 check them against redpp_onnx/ops/schema.py
 //   split_conv()  the kernel's compute core run directly on numpy arrays, on one thread
 //                 (no onnxruntime session): for tests and micro-benchmarks of the core.
+//   decode_bank() the --codebook storage's two-part prefix codes decoded into float32 weights,
+//                 bit for bit what the model's standard-ops decoder computes, with a checksum
+//                 per tensor (redpp_onnx/storage.py, the format in redpp_onnx/passes/codebook.py).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <string>
@@ -78,6 +83,323 @@ py::array_t<float> SplitConv(const Array<float>& x, const Array<float>& kernels,
   return y;
 }
 
+
+// ----------------------------------------------------------------------------- codebook decoding
+//
+// A bank stores the codes of several tensors: code i is a class field (W bits, `main`) and, when
+// the layout has a suffix, an offset field of classes[cls] bits read at bit `pos` of `suffix`
+// (fields laid end to end, little-endian bit order); code = base[cls] + offset. Direct layouts
+// (no suffix) store the code itself in the class field. A tensor viewed as outer x channels x
+// inner gets weight = table[channel_base[c] + code] (x channel_unit[c] when given), which is the
+// float32 arithmetic of the ONNX decoder (Gather, then one float32 Mul). Every read is bounds
+// checked: corrupt metadata gives an error, never a read out of the buffers.
+
+struct CodeReader {
+  const uint8_t* main8 = nullptr;
+  const uint16_t* main16 = nullptr;
+  const uint8_t* suffix = nullptr;
+  size_t suffix_size = 0;
+  uint64_t pos = 0;   // bit position in suffix
+  uint64_t next = 0;  // index of the next code
+  uint32_t bits[16] = {};
+  uint32_t base[16] = {};
+  uint32_t mask[16] = {};  // 2^bits - 1
+  uint32_t n_classes = 0;
+  uint32_t capacity = 0;  // every code is below this
+  bool bad = false;
+};
+
+constexpr uint64_t kChunk = 512;  // codes decoded at a time (between bounds checks of the suffix stream)
+
+// Reads the next `n` codes into codes[0..n). kChecked: every suffix read is bounds checked;
+// otherwise the caller has made sure the suffix has 8 bytes past the last field these codes can
+// start at (a code takes at most 16 bits).
+template <int W, bool kSuffix, bool kChecked>
+inline void ReadCodes(CodeReader& r, uint32_t* codes, uint64_t n) {
+  uint64_t next = r.next, pos = r.pos;
+  bool bad = false;
+  const uint8_t* suffix = r.suffix;
+  // the code of class c: its offset field from the suffix (if any)
+  auto code = [&](uint32_t c) -> uint32_t {
+    if constexpr (!kSuffix) {
+      return c;
+    } else {
+      bad |= c >= r.n_classes;  // (bits, base and mask are 0 there)
+      const uint64_t byte = pos >> 3;
+      uint64_t word = 0;
+      if constexpr (kChecked) {
+        if (byte + 8 <= r.suffix_size) {
+          std::memcpy(&word, suffix + byte, 8);
+        } else {
+          for (uint64_t j = 0; byte + j < r.suffix_size && j < 8; ++j) word |= uint64_t(suffix[byte + j]) << (8 * j);
+        }
+      } else {
+        std::memcpy(&word, suffix + byte, 8);
+      }
+      const uint32_t value = r.base[c] + (uint32_t(word >> (pos & 7)) & r.mask[c]);
+      pos += r.bits[c];
+      return value;
+    }
+  };
+  uint64_t k = 0;
+  if constexpr (W == 16) {
+    for (; k < n; ++k) codes[k] = code(r.main16[next + k]);
+    next += n;
+  } else if constexpr (W == 8) {
+    for (; k < n; ++k) codes[k] = code(r.main8[next + k]);
+    next += n;
+  } else {  // 8 / W class fields a byte (reading whole bytes at a time measured no faster)
+    for (; k < n; ++k, ++next) {
+      const uint64_t bit = next * W;
+      codes[k] = code((r.main8[bit >> 3] >> (bit & 7)) & ((1u << W) - 1));
+    }
+  }
+  r.next = next;
+  r.pos = pos;
+  r.bad |= bad;
+}
+
+template <int W, bool kSuffix>
+inline void ReadChunk(CodeReader& r, uint32_t* codes, uint64_t n) {
+  if (!kSuffix || (r.pos >> 3) + n * 2 + 8 <= r.suffix_size) {
+    ReadCodes<W, kSuffix, false>(r, codes, n);
+  } else {
+    ReadCodes<W, kSuffix, true>(r, codes, n);
+  }
+}
+
+// out[k] = table[base + codes[k]] (x unit when kScaled), the values' bits added to the checksum.
+// kChecked: every index bounds checked (else base + capacity <= table size was checked).
+template <bool kScaled, bool kChecked>
+inline bool Lookup(const uint32_t* codes, uint64_t n, float* out, const float* table, uint64_t table_size,
+                   uint64_t base, float unit, uint64_t& s1, uint64_t& s2) {
+  bool bad = false;
+  const float* t = table + base;
+  uint64_t a = s1, b2 = s2;
+  for (uint64_t k = 0; k < n; ++k) {
+    uint64_t idx = codes[k];
+    if constexpr (kChecked) {
+      if (base + idx >= table_size) {
+        bad = true;
+        idx = -base;  // table[0]
+      }
+    }
+    float v = t[idx];
+    if constexpr (kScaled) v = v * unit;
+    out[k] = v;
+    uint32_t b;
+    std::memcpy(&b, &v, 4);
+    a += b;
+    b2 += a;
+  }
+  s1 = a;
+  s2 = b2;
+  return bad;
+}
+
+template <int W, bool kSuffix, bool kScaled>
+void DecodeSpan(CodeReader& r, float* out, const float* table, uint64_t table_size, uint64_t base, float unit,
+                uint64_t count, uint64_t& s1, uint64_t& s2) {
+  uint32_t codes[kChunk];
+  const bool table_safe = base + r.capacity <= table_size;
+  while (count) {
+    const uint64_t n = count < kChunk ? count : kChunk;
+    ReadChunk<W, kSuffix>(r, codes, n);
+    if (table_safe) {
+      Lookup<kScaled, false>(codes, n, out, table, table_size, base, unit, s1, s2);
+    } else {
+      r.bad |= Lookup<kScaled, true>(codes, n, out, table, table_size, base, unit, s1, s2);
+    }
+    out += n;
+    count -= n;
+  }
+}
+
+struct TensorJob {
+  int64_t start = 0, outer = 1, channels = 1, inner = 0;
+  float* out = nullptr;
+  const float* table = nullptr;
+  uint64_t table_size = 0;
+  const int32_t* channel_base = nullptr;  // channels entries
+  const float* channel_unit = nullptr;    // channels entries, or null
+  uint64_t s1 = 0, s2 = 0;                // the checksum (redpp_onnx.passes.codebook.checksum)
+};
+
+// The checksum: s1 = sum of the values' bits, s2 = sum of the running sums s1 (= sum (n - i) b_i),
+// both modulo 2^64.
+template <int W, bool kSuffix, bool kScaled>
+void DecodeTensor(CodeReader& r, TensorJob& job) {
+  uint64_t s1 = 0, s2 = 0;
+  float* out = job.out;
+  for (int64_t o = 0; o < job.outer; ++o) {
+    for (int64_t c = 0; c < job.channels; ++c) {
+      const float unit = kScaled ? job.channel_unit[c] : 1.0f;
+      DecodeSpan<W, kSuffix, kScaled>(r, out, job.table, job.table_size, uint64_t(uint32_t(job.channel_base[c])), unit,
+                                      uint64_t(job.inner), s1, s2);
+      out += job.inner;
+    }
+  }
+  job.s1 = s1;
+  job.s2 = s2;
+}
+
+template <int W, bool kSuffix>
+void Skip(CodeReader& r, uint64_t n) {  // codes no job asked for (padding): read, not stored
+  uint32_t codes[kChunk];
+  while (n) {
+    const uint64_t m = n < kChunk ? n : kChunk;
+    ReadChunk<W, kSuffix>(r, codes, m);
+    n -= m;
+  }
+}
+
+template <int W, bool kSuffix>
+void DecodeAll(CodeReader& r, std::vector<TensorJob>& jobs, uint64_t count) {
+  for (TensorJob& job : jobs) {
+    Skip<W, kSuffix>(r, uint64_t(job.start) - r.next);
+    if (job.channel_unit) {
+      DecodeTensor<W, kSuffix, true>(r, job);
+    } else {
+      DecodeTensor<W, kSuffix, false>(r, job);
+    }
+  }
+  Skip<W, kSuffix>(r, count - r.next);
+}
+
+py::int_ Checksum128(uint64_t s1, uint64_t s2) {  // s2 * 2^64 + s1
+  return py::int_((py::int_(s2) << py::int_(64)) | py::int_(s1));
+}
+
+template <typename T>
+const T* Data(const py::array& a, const char* what, size_t min_size) {
+  if (!py::isinstance<py::array_t<T>>(a) || !(a.flags() & py::array::c_style))
+    throw py::value_error(std::string("decode_bank: ") + what + " must be a C-contiguous array of " +
+                          py::str(py::dtype::of<T>()).cast<std::string>());
+  if (size_t(a.size()) < min_size)
+    throw py::value_error(std::string("decode_bank: ") + what + " has " + std::to_string(a.size()) +
+                          " elements, fewer than the " + std::to_string(min_size) + " it needs");
+  return static_cast<const T*>(a.data());
+}
+
+py::list DecodeBank(const py::array& main, int width, const std::vector<int64_t>& classes,
+                    const std::optional<py::array>& suffix, int64_t count, const py::list& jobs_in) {
+  static_assert(sizeof(float) == 4, "float32");
+  {
+    const uint16_t probe = 1;
+    uint8_t first;
+    std::memcpy(&first, &probe, 1);
+    if (first != 1) throw py::value_error("decode_bank: needs a little-endian machine");
+  }
+  if (width != 1 && width != 2 && width != 4 && width != 8 && width != 16)
+    throw py::value_error("decode_bank: class fields of 1, 2, 4, 8 or 16 bits, not " + std::to_string(width));
+  if (count < 0 || count % 8) throw py::value_error("decode_bank: the bank's count must be a multiple of 8");
+  CodeReader r;
+  if (width == 16) {
+    r.main16 = Data<uint16_t>(main, "main", size_t(count));
+  } else {
+    r.main8 = Data<uint8_t>(main, "main", size_t(count) * width / 8);
+  }
+  r.capacity = uint32_t(1) << width;  // direct codes; a suffix layout sets its own below
+  const bool has_suffix = suffix.has_value();
+  if (has_suffix) {
+    if (width > 4) throw py::value_error("decode_bank: a suffix needs class fields of 1, 2 or 4 bits");
+    if (classes.empty() || classes.size() > (size_t(1) << width))
+      throw py::value_error("decode_bank: " + std::to_string(classes.size()) + " classes for " + std::to_string(width) +
+                            "-bit class fields");
+    uint64_t b = 0;
+    for (size_t c = 0; c < classes.size(); ++c) {
+      if (classes[c] < 0 || classes[c] > 16) throw py::value_error("decode_bank: a class of more than 16 bits");
+      r.bits[c] = uint32_t(classes[c]);
+      r.base[c] = uint32_t(b);
+      r.mask[c] = (uint32_t(1) << classes[c]) - 1;
+      b += uint64_t(1) << classes[c];
+    }
+    r.n_classes = uint32_t(classes.size());
+    r.capacity = uint32_t(b);
+    r.suffix = Data<uint8_t>(*suffix, "suffix", 3);
+    r.suffix_size = size_t(suffix->size());
+  }
+  std::vector<TensorJob> jobs;
+  std::vector<py::object> keep;  // the arrays stay referenced while the GIL is released
+  int64_t end = 0;
+  for (const py::handle& item : jobs_in) {
+    auto t = item.cast<py::tuple>();
+    if (t.size() != 8)
+      throw py::value_error("decode_bank: a job is (start, out, table, outer, channels, inner, channel_base, "
+                            "channel_unit)");
+    TensorJob job;
+    job.start = t[0].cast<int64_t>();
+    job.outer = t[3].cast<int64_t>();
+    job.channels = t[4].cast<int64_t>();
+    job.inner = t[5].cast<int64_t>();
+    if (job.start < end || job.outer < 0 || job.channels < 0 || job.inner < 0)
+      throw py::value_error("decode_bank: jobs must be in bank order and not overlap");
+    int64_t n = 0;
+    if (__builtin_mul_overflow(job.outer, job.channels, &n) || __builtin_mul_overflow(n, job.inner, &n) ||
+        n > count - job.start)
+      throw py::value_error("decode_bank: a tensor goes past the end of its bank");
+    end = job.start + n;
+    auto out = t[1].cast<py::array>();
+    if (!py::isinstance<py::array_t<float>>(out) || !(out.flags() & py::array::c_style) || !out.writeable() ||
+        out.size() != n)
+      throw py::value_error("decode_bank: out must be a writeable C-contiguous float32 array of the tensor's size");
+    job.out = static_cast<float*>(out.mutable_data());
+    auto table = t[2].cast<py::array>();
+    job.table = Data<float>(table, "table", 1);
+    job.table_size = uint64_t(table.size());
+    auto channel_base = t[6].cast<py::array>();
+    job.channel_base = Data<int32_t>(channel_base, "channel_base", size_t(job.channels));
+    for (int64_t c = 0; c < job.channels; ++c)
+      if (job.channel_base[c] < 0) throw py::value_error("decode_bank: a negative codebook start");
+    if (!t[7].is_none()) {
+      auto unit = t[7].cast<py::array>();
+      job.channel_unit = Data<float>(unit, "channel_unit", size_t(job.channels));
+      keep.push_back(unit);
+    }
+    keep.push_back(out);
+    keep.push_back(table);
+    keep.push_back(channel_base);
+    jobs.push_back(job);
+  }
+  {
+    py::gil_scoped_release release;
+    switch (width * 2 + has_suffix) {
+      case 2: DecodeAll<1, false>(r, jobs, uint64_t(count)); break;
+      case 3: DecodeAll<1, true>(r, jobs, uint64_t(count)); break;
+      case 4: DecodeAll<2, false>(r, jobs, uint64_t(count)); break;
+      case 5: DecodeAll<2, true>(r, jobs, uint64_t(count)); break;
+      case 8: DecodeAll<4, false>(r, jobs, uint64_t(count)); break;
+      case 9: DecodeAll<4, true>(r, jobs, uint64_t(count)); break;
+      case 16: DecodeAll<8, false>(r, jobs, uint64_t(count)); break;
+      case 32: DecodeAll<16, false>(r, jobs, uint64_t(count)); break;
+    }
+  }
+  if (r.bad) throw py::value_error("decode_bank: a code outside its class table or its codebook");
+  if (has_suffix && r.suffix_size != r.pos / 8 + 3)
+    throw py::value_error("decode_bank: the suffix stream has " + std::to_string(r.suffix_size) +
+                          " bytes where the codes take " + std::to_string(r.pos) + " bits (expected " +
+                          std::to_string(r.pos / 8 + 3) + " bytes)");
+  py::list sums;
+  for (const TensorJob& job : jobs) sums.append(Checksum128(job.s1, job.s2));
+  return sums;
+}
+
+py::int_ Checksum(const py::array& values) {
+  const float* v = Data<float>(values, "values", 0);
+  const uint64_t n = uint64_t(values.size());
+  uint64_t s1 = 0, s2 = 0;
+  {
+    py::gil_scoped_release release;
+    for (uint64_t i = 0; i < n; ++i) {
+      uint32_t b;
+      std::memcpy(&b, v + i, 4);
+      s1 += b;
+      s2 += s1;
+    }
+  }
+  return Checksum128(s1, s2);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -124,4 +446,12 @@ PYBIND11_MODULE(_core, m) {
         py::arg("clip_max") = inf,
         "Run SplitConv's C++ compute core on numpy arrays (one thread, no onnxruntime). Raises "
         "ValueError on input that breaks the contract.");
+  m.def("decode_bank", &DecodeBank, py::arg("main"), py::arg("width"), py::arg("classes"), py::arg("suffix"),
+        py::arg("count"), py::arg("jobs"),
+        "Decode one --codebook bank into float32 tensors (jobs: (start, out, table, outer, channels, inner, "
+        "channel_base int32, channel_unit float32 or None), in bank order; out is written). Returns each job's "
+        "checksum (redpp_onnx.passes.codebook.checksum of out). Raises ValueError on inconsistent input; never "
+        "reads outside the arrays.");
+  m.def("checksum", &Checksum, py::arg("values"),
+        "redpp_onnx.passes.codebook.checksum of a C-contiguous float32 array, in C++.");
 }

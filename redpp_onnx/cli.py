@@ -66,8 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--snap-zero", action="store_true", help="give the cell holding 0 the value 0 when the budget allows")
     c.add_argument("--uniform-int8", action="store_true", help="baseline: uniform symmetric int8 instead of KDE hashing")
     c.add_argument("--codebook", action="store_true",
-                   help="store hashed weights as codebooks + variable-length codes rebuilt by standard ops "
-                        "(about 3.6-3.8x smaller files at the default budget, same outputs)")
+                   help="store hashed weights as codebooks + variable-length codes (the default; same outputs): "
+                        "plain onnxruntime rebuilds them with standard ops when a session starts (extra memory "
+                        "for a moment), redpp_onnx.session() decodes them in C++ at about the fp32 model's cost")
+    c.add_argument("--plain", action="store_true",
+                   help="store hashed weights as plain float32 tensors (the input's size; loads like the input "
+                        "in any runtime)")
     c.add_argument("--include-depthwise", action="store_true", help="also hash grouped and depthwise convolutions")
     c.add_argument("--alpha", type=float, default=0.0,
                    help="merge: 0 merges identical neurons only (exact, default); > 0 merges neurons closer than "
@@ -153,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _compress(args) -> int:
-    from .compress import compress
+    from .compress import compress, set_file_bits
     from .config import CompressConfig, HashConfig, MergeConfig
     from .io import data_path, write_model
     from .passes.split import SplitConfig
@@ -166,10 +170,14 @@ def _compress(args) -> int:
         merge=MergeConfig(alpha=args.alpha, strategy=args.merge_strategy),
         calibrate=args.calibrate, max_drop=args.max_drop,
         split=SplitConfig(mode=args.split, portable=args.portable, tune=args.tune, tolerance=args.split_tolerance),
-        codebook=args.codebook, verify=not args.no_verify,
+        codebook=not args.plain, verify=not args.no_verify,
         verify_data=args.verify_data, verify_samples=args.verify_samples,
         input_shapes=_input_shapes(args.input_shape, args.input))
     src, dst = Path(args.input), Path(args.output)
+    if args.codebook and args.plain:
+        raise RedppError("--codebook and --plain exclude each other (codebooks are the default)")
+    if args.codebook and "hash" not in config.steps:
+        raise RedppError("--codebook stores hashed weights: it needs the hash step")
     if args.max_rel_l2 is not None and (args.no_verify or not args.max_rel_l2 >= 0):
         raise RedppError("--max-rel-l2 needs verification (drop --no-verify) and a value >= 0")
     input_file(src, "ONNX model")
@@ -215,6 +223,7 @@ def _compress(args) -> int:
             files = write_model(model, staged, external=bool(external_in))
             sizes.append(sum(f.stat().st_size for f in files))
             report.model["file_bytes_after"] = sizes[0]
+            set_file_bits(report.model)
             return files
 
         writers = [(dst, write_model_file)]

@@ -13,7 +13,7 @@ from typing import Callable, Optional, Union
 
 import onnx
 
-from . import __version__, io, validate, verify
+from . import __version__, io, storage, validate, verify
 from .analysis.fold import resolve_constant_identities
 from .analysis.layers import check_input_shapes, input_shapes, scan_layers
 from .config import CompressConfig
@@ -91,6 +91,8 @@ def _compress(model, config: CompressConfig, *, progress, file_bytes_before, plo
         hashed.model = out
         _phase(progress, "codebooks")
         store_codebooks(hashed)
+        out = hashed.model
+    storage_info = storage.describe(out) if hashed is not None and hashed.codebook_layers else None
     try:
         onnx.checker.check_model(out)
     except onnx.checker.ValidationError as err:  # a bug of ours, not the user's: say so
@@ -101,6 +103,8 @@ def _compress(model, config: CompressConfig, *, progress, file_bytes_before, plo
     summary["file_bytes_after"] = len(io.serialize(out))
     summary["nodes_before"] = _op_counts(model)
     summary["nodes_after"] = _op_counts(out)
+    summary["storage"] = storage_info or {"form": "plain"}
+    set_file_bits(summary)
 
     verify_info = {"skipped": "disabled (--no-verify)"}
     if config.verify:
@@ -124,7 +128,7 @@ def _compress(model, config: CompressConfig, *, progress, file_bytes_before, plo
     report = Report(tool={"name": "redpp-onnx", "version": __version__},
                     config=dataclasses.asdict(config), model=summary, layers=layers,
                     verify=verify_info, timings=timings,
-                    notes=(input_notes + _notes(config, hashed, merged, split, calibration) + _control_flow_note(model)
+                    notes=(input_notes + _notes(config, hashed, merged, split, calibration, storage_info) + _control_flow_note(model)
                            + _alias_note(aliases) + _verify_warning(verify_info) + _guess_note(verify_info)),
                     input=source,
                     merge_groups=[dataclasses.asdict(g) for g in merged.groups] if merged else None,
@@ -207,6 +211,15 @@ def _summary(scan, hashed, merged, split, config_tolerance, final_scan):
     return summary, layers
 
 
+def set_file_bits(summary: dict) -> None:
+    """``bits_per_eligible_weight``: what the eligible weights cost in the output file, every other byte
+    counted as in the input (float32 weights: 32)."""
+    eligible = summary.get("params_before") or 0
+    if eligible and summary.get("file_bytes_after") and summary.get("file_bytes_before"):
+        rest = summary["file_bytes_before"] - 4 * eligible
+        summary["bits_per_eligible_weight"] = max(0.0, (summary["file_bytes_after"] - rest) * 8 / eligible)
+
+
 def _op_counts(model: onnx.ModelProto) -> dict:
     counts = {}
     for node in model.graph.node:
@@ -215,9 +228,6 @@ def _op_counts(model: onnx.ModelProto) -> dict:
     return dict(sorted(counts.items()))
 
 
-CODEBOOK_LOAD_BYTES = 100
-"""Extra peak memory per stored weight while onnxruntime folds the --codebook decoders (measured
-77-97 bytes: benchmarks/bench_codebook.py, bench_scale.py)."""
 WARN_REL_L2 = 0.25
 """A verification relative L2 above this gets a warning (hashing alone gave <= 0.09 on the shared
 models, whose accuracy it keeps). On synthetic inputs of models with integer or bool inputs (token
@@ -304,7 +314,7 @@ def _control_flow_note(model: onnx.ModelProto) -> list:
             "that a subgraph reads are not merged"]
 
 
-def _notes(config, hashed, merged, split, calibration) -> list:
+def _notes(config, hashed, merged, split, calibration, storage_info=None) -> list:
     notes = []
     h = config.hash
     if hashed is not None and any(l.method != "unchanged" for l in hashed.layers):
@@ -315,11 +325,11 @@ def _notes(config, hashed, merged, split, calibration) -> list:
                       else f"per-layer relative weight error <= {h.weight_error:g}")
             notes.append(f"hashing changes the function: every weight moves to the mode of its KDE cell "
                          f"({budget}); 'analyze' bounds the effect on the logits, data-free")
-    if hashed is not None and hashed.codebook_layers:
-        stored = sum(l.params for l in hashed.layers if l.code_bits is not None)
-        notes.append(f"--codebook: onnxruntime rebuilds the {stored:,} stored weights when a session starts; expect "
-                     f"up to about {stored * CODEBOOK_LOAD_BYTES / 2 ** 20:,.0f} MiB of extra peak memory for a moment "
-                     "and a slower session creation (docs/RESULTS.md)")
+    if storage_info and storage_info.get("load"):
+        load = storage_info["load"]
+        notes.append(f"stored as codebooks ({storage_info['form']}, {storage_info.get('stored_weights', 0):,} weights): "
+                     f"redpp_onnx.session() {load['redpp_onnx.session']}; plain onnxruntime {load['onnxruntime']} "
+                     "(--plain writes float32 tensors instead)")
     if merged is not None:
         notes += list(merged.notes)
     if calibration is not None:

@@ -45,7 +45,8 @@ class CompressConfig:
     split: SplitConfig = SplitConfig()
     calibrate: Optional[str] = None  # DATA-DRIVEN: choose merge α on this data set
     max_drop: float = 0.3            # calibrate: largest top-1 drop allowed, in points
-    codebook: bool = False      # store hashed weights as codebook + uint8/16 codes + Gather
+    codebook: bool = True       # store hashed weights as codebooks + prefix codes (decoders + a map for the fast
+    #                             load path of redpp_onnx.session); only when the hash step runs
     verify: bool = True         # seeded random inputs through the original and the output
     verify_batch: int = 2
     seed: int = 0
@@ -66,8 +67,6 @@ class CompressConfig:
                              f"{', '.join(AVAILABLE_STEPS)})")
         if not steps:
             raise RedppError("no step chosen (--steps)")
-        if self.codebook and "hash" not in steps:
-            raise RedppError("--codebook stores hashed weights: it needs the hash step")
         if self.calibrate and "merge" not in steps:
             raise RedppError("--calibrate chooses the merge α: it needs the merge step")
         if not isinstance(self.verify_batch, int) or self.verify_batch < 1:

@@ -1,13 +1,16 @@
-"""onnxruntime sessions that can run the ai.redpp custom operators."""
+"""onnxruntime sessions that can run the ai.redpp custom operators (and load --codebook models fast)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import warnings
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 import onnx
 import onnxruntime as ort
+from google.protobuf.message import DecodeError
 
 LOG_SEVERITY = 3
 """onnxruntime's log level for the sessions made here: 3 = errors only (onnxruntime warns about
@@ -52,20 +55,120 @@ def session_options(**options) -> ort.SessionOptions:
     return so
 
 
-def session(model: Union[str, os.PathLike, bytes, onnx.ModelProto], providers=None,
-            **options) -> ort.InferenceSession:
+def session(model: Union[str, os.PathLike, bytes, onnx.ModelProto], providers=None, *,
+            decode_codebooks: bool = True, **options) -> ort.InferenceSession:
     """An ``onnxruntime.InferenceSession`` for ``model`` that can run ai.redpp operators.
 
     ``model``: a path, serialized bytes or a ``ModelProto``. ``options``: ``SessionOptions``
     attributes, e.g. ``intra_op_num_threads=2`` (SplitConv uses onnxruntime's intra-op pool).
+
+    A ``--codebook`` model with its ``redpp.codebook`` map is loaded by the fast path
+    (``redpp_onnx/storage.py``): the weights are decoded here, in C++, and handed to onnxruntime,
+    which then loads it with about 1.35x the peak memory and 1.2-1.6x the time of the fp32
+    model instead of folding the decoders (5-7x and 7-19x, docs/HASHING.md "Storage"). A map that does not match the model is refused with a
+    :class:`CodebookWarning` and the standard-ops form is loaded (same outputs, slower). With
+    ``decode_codebooks=False`` onnxruntime always folds the decoders itself. The session's
+    ``redpp_load`` attribute says which form was loaded (:class:`LoadInfo`).
     """
+    src = os.fspath(model) if isinstance(model, os.PathLike) else model
+    reason = None
+    if decode_codebooks:
+        fast, reason = _decoded_session(src, providers, options)
+        if fast is not None:
+            return fast
     so = session_options(**options)
-    if isinstance(model, onnx.ModelProto):
-        model = model.SerializeToString()
-    elif isinstance(model, os.PathLike):
-        model = os.fspath(model)
-    return ort.InferenceSession(model, sess_options=so,
-                                providers=providers or ["CPUExecutionProvider"])
+    if isinstance(src, onnx.ModelProto):
+        src = src.SerializeToString()
+    sess = ort.InferenceSession(src, sess_options=so, providers=providers or ["CPUExecutionProvider"])
+    sess.redpp_load = LoadInfo("onnxruntime", reason=reason)
+    return sess
+
+
+class CodebookWarning(UserWarning):
+    """A ``--codebook`` model's map was refused: its standard-ops form is loaded instead."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadInfo:
+    """How :func:`session` loaded a model: ``form`` is ``"decoded"`` (the fast path: ``weights``
+    decoded by redpp-onnx in ``decode_s`` seconds) or ``"onnxruntime"`` (the file as is: a
+    plain model, or a --codebook model whose decoders onnxruntime folds; ``reason`` says why the
+    fast path was not taken when the model has a map)."""
+
+    form: str
+    weights: int = 0
+    decode_s: float = 0.0
+    reason: Optional[str] = None
+
+
+class DecodedSession(ort.InferenceSession):
+    """The ``InferenceSession`` of a --codebook model whose weights redpp-onnx decoded: the
+    weights were copied by onnxruntime once, before its graph optimizations, and the decoded
+    arrays freed. Re-creating the session (``set_providers``) decodes them again."""
+
+    def __init__(self, small: bytes, build_options, providers, info: LoadInfo):
+        """``small``: the graph without decoders; ``build_options()``: ``(SessionOptions with the
+        decoded weights added, what must stay alive until the session exists)``."""
+        so, keep = build_options()
+        super().__init__(small, sess_options=so, providers=providers)
+        # onnxruntime copied the weights; these options point at arrays freed now: never reuse them
+        del so, keep
+        self._sess_options_initial = None
+        self._redpp_build_options = build_options
+        self.redpp_load = info
+
+    def _reset_session(self, providers, provider_options) -> None:
+        so, keep = self._redpp_build_options()
+        self._sess_options_initial = so
+        try:
+            super()._reset_session(providers, provider_options)
+        finally:
+            self._sess_options_initial = None
+            del so, keep
+
+
+def _decoded_session(src, providers, options) -> tuple:
+    """``(session, None)``: the fast-path session of a --codebook model with a map; ``(None,
+    None)``: no map; ``(None, reason)``: the map was refused (with a warning)."""
+    from . import storage
+
+    text = storage.peek_metadata(src)
+    if text is None:
+        return None, None
+    where = src if isinstance(src, str) else "the model"
+
+    def decoded():
+        return storage.decode(storage.load_model(src), text)
+
+    try:
+        first = decoded()
+    except storage.StaleMap as err:  # a tool folded the decoders and kept the map: load as is
+        return None, str(err)
+    except (storage.StorageError, OSError, ValueError, DecodeError) as err:
+        return _refused(where, str(err))
+    small = first.model.SerializeToString()
+    info = LoadInfo("decoded", first.stored_weights, first.seconds)
+    state = {"decoded": first}
+
+    def build_options():
+        d = state.pop("decoded", None) or decoded()
+        so = session_options(**options)
+        names = list(d.weights)
+        values = [ort.OrtValue.ortvalue_from_numpy(d.weights[n]) for n in names]
+        so.add_external_initializers(names, values)
+        return so, (d, values)
+
+    del first
+    try:
+        return DecodedSession(small, build_options, providers or ["CPUExecutionProvider"], info), None
+    except ORT_ERRORS as err:
+        return _refused(where, f"onnxruntime refused the decoded graph ({' '.join(str(err).split())[:300]})")
+
+
+def _refused(where, reason: str) -> tuple:
+    warnings.warn(f"{where}: the redpp.codebook map was refused ({reason}); loading the standard-ops form "
+                  "(same outputs; more memory and time at load)", CodebookWarning, stacklevel=4)
+    return None, reason
 
 
 def _ort_errors() -> tuple:

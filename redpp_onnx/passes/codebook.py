@@ -27,7 +27,11 @@ Decoding, for all weights at once (``W, B, P``: per-class tables of ``o_c``, ``b
     code = (win[off/8] / 2^(off%8)) % Gather(P, cls) + Gather(B, cls)
 
 onnxruntime keeps every intermediate tensor of constant folding until it ends: loading costs
-about 95 bytes of memory per stored weight for a moment (docs/RESULTS.md).
+79-107 bytes of memory per stored weight for a moment (benchmarks/bench_load.py). Written into a
+``ModelProto``, the decoders come with a map (``metadata_props["redpp.codebook"]``, see
+:func:`write_codebooks` and ``redpp_onnx/storage.py``) from which ``redpp_onnx.session`` decodes
+the weights itself, in C++, and loads the model with about 1.35x the fp32 model's peak memory
+and 1.2-1.6x its time.
 
 Banks
 -----
@@ -44,11 +48,21 @@ product ``float32(2j) × float32(h/2)``. Such a codebook is stored as int16 ``2j
 in one tensor, cast and split once) and one ``Mul`` by ``h/2``: half the bytes of float32, and
 exact, which :func:`lattice_codes` checks value by value; any other codebook (merged weights,
 the int8 baseline) is stored as float32.
+
+One codebook per group of output channels
+-----------------------------------------
+A tensor hashed per output channel has few values per channel but many per tensor: it can be
+stored with one codebook per channel (or per group of consecutive channels, along the first or
+the last axis), its codes being ranks within the weight's group. :func:`tensor_codes` picks, per
+tensor, the form that takes the fewest bits (codes, tables, group counts and units, and the
+grouped decoder's nodes). The decoder adds each channel's codebook start to the codes (viewed as
+``outer × channels × inner``), gathers, and multiplies by the group's lattice unit if it has one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -56,15 +70,23 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+try:  # CPython's own SHA-256: hashlib loads OpenSSL, 3.7 MiB of memory for every fast-path load
+    from _sha2 import sha256 as _sha256  # Python >= 3.12
+except ImportError:
+    try:
+        from _sha256 import sha256 as _sha256  # Python <= 3.11
+    except ImportError:
+        from hashlib import sha256 as _sha256
+
 MIN_OPSET = 11  # Range, CumSum(exclusive)
 MAX_FIELD_BITS = 16  # a 24-bit window covers a field of up to 16 bits at any bit offset
 MAX_CLASS_BITS = 4  # class fields of 1, 2 or 4 bits: at most 16 classes
 BANK_WEIGHTS = 1 << 26  # x 16 suffix bits < 2^31: bit offsets fit int32
 LATTICE_DTYPE = np.int16
 
-__all__ = ["MIN_OPSET", "Layout", "TensorCodes", "pack", "pack_fields", "unpack", "rank_codes",
-           "lattice_codes", "plan_layout", "encode", "decode", "stored_bits", "rank_histogram", "banks",
-           "write_codebooks", "tensor_codes",
+__all__ = ["MIN_OPSET", "METADATA_KEY", "Layout", "Groups", "TensorCodes", "pack", "pack_fields", "unpack",
+           "rank_codes", "lattice_codes", "plan_layout", "encode", "decode", "stored_bits", "rank_histogram",
+           "banks", "write_codebooks", "tensor_codes", "checksum", "decoder_digest", "set_metadata",
            "refusal", "opset_version"]
 
 
@@ -245,38 +267,248 @@ def _walk(choices: List[np.ndarray], m: int) -> Tuple[int, ...]:
     return tuple(out)
 
 
+# --------------------------------------------------------------------------- per-group codebooks
+
+GROUP_SIZES = (1, 2, 4, 8, 16, 32, 64)
+"""Channels per codebook tried for the grouped form (1: one codebook per output channel)."""
+GROUP_GRAPH_BITS = 8 * 384
+"""What the grouped form's decoder adds to the file beyond its tables and one codebook's decoder
+(nodes and small constants: 256-527 bytes measured, more with groups of channels and units;
+``tests/passes/test_codebook.py`` checks the figure); counted in the choice."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Groups:
+    """One codebook per group of ``size`` consecutive slices along ``axis``. The tensor is seen as
+    ``outer × channels × inner`` (``channels = shape[axis]``); weight ``i`` is in channel
+    ``(i // inner) % channels`` and group ``channel // size``. ``counts[g]``: values in group
+    ``g``'s codebook (the codebooks are laid end to end, each most frequent first); ``units``:
+    float32 lattice unit per group (the values are ``float32(k) × units[g]``), or None."""
+
+    axis: int
+    outer: int
+    channels: int
+    inner: int
+    size: int
+    counts: np.ndarray
+    units: Optional[np.ndarray] = None
+
+    @property
+    def n_groups(self) -> int:
+        return -(-self.channels // self.size)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """Where each group's codebook starts in the concatenated table."""
+        return np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.int64)
+
+    @property
+    def count_dtype(self):
+        """The stored dtype of ``counts``: the smallest of uint8, uint16, int32 that holds them."""
+        top = int(self.counts.max())
+        return np.uint8 if top <= 0xFF else np.uint16 if top <= 0xFFFF else np.int32
+
+    def channel_of(self) -> np.ndarray:
+        """Channel of every weight (flat order)."""
+        per = np.repeat(np.arange(self.channels, dtype=np.int64), self.inner)
+        return np.tile(per, self.outer) if self.outer > 1 else per
+
+    def side_bits(self) -> int:
+        """Bits of the group tables: the counts and the units."""
+        return self.n_groups * (8 * np.dtype(self.count_dtype).itemsize + (32 if self.units is not None else 0))
+
+
 # --------------------------------------------------------------------------- tensors and banks
 
 @dataclasses.dataclass
 class TensorCodes:
-    """One tensor to store: its codebook (rank order), codes and, if exact, lattice integers."""
+    """One tensor to store: its codebook (rank order), codes and, if exact, lattice integers.
+
+    ``groups`` None: one codebook for the tensor, ``codebook[codes]`` is the tensor. Otherwise
+    ``codebook`` holds the groups' codebooks end to end and ``codes`` are ranks within the
+    weight's group (:class:`Groups`). ``lattice``: int16 ``k`` with ``codebook == float32(k) ×
+    unit`` (``unit``: one float32 number) or ``× groups.units[group]``; None: float32 table."""
 
     name: str
     shape: Tuple[int, ...]
-    codebook: np.ndarray            # float32, most frequent first
+    codebook: np.ndarray            # float32, most frequent first (per group when grouped)
     codes: np.ndarray               # int64, flat
     lattice: Optional[np.ndarray]   # int16 k with float32(k) * unit == codebook, or None
     unit: Optional[float]
+    groups: Optional[Groups] = None
+
+    @property
+    def n_ranks(self) -> int:
+        """Codes are below this: the largest codebook's size."""
+        return int(self.groups.counts.max()) if self.groups is not None else int(self.codebook.size)
+
+    @property
+    def form(self) -> str:
+        """``"tensor"`` (one codebook) or ``"groups"`` (one per group of output channels)."""
+        return "tensor" if self.groups is None else "groups"
 
     def codebook_bytes(self) -> int:
-        return self.codebook.size * (2 if self.lattice is not None else 4)
+        """Bytes of the tables: codebook values, plus the groups' counts and units."""
+        table = self.codebook.size * (2 if self.lattice is not None else 4)
+        return table + (self.groups.side_bits() // 8 if self.groups is not None else 0)
+
+    def table_bits(self) -> int:
+        return 8 * self.codebook_bytes() + (GROUP_GRAPH_BITS if self.groups is not None else 0)
+
+    def values(self) -> np.ndarray:
+        """The stored tensor, rebuilt in numpy (float32, ``shape``)."""
+        index = self.codes
+        if self.groups is not None:
+            g = self.groups
+            index = index + g.offsets[g.channel_of() // g.size]
+        return self.codebook[index].reshape(self.shape)
 
 
-def tensor_codes(name: str, values: np.ndarray, unit: Optional[float]) -> TensorCodes:
-    """:class:`TensorCodes` of a tensor's current values (``unit``: the lattice hint, or None)."""
+def tensor_codes(name: str, values: np.ndarray, unit, *, forms: Sequence[str] = ("tensor", "groups"),
+                 unit_axis: int = 0) -> TensorCodes:
+    """:class:`TensorCodes` of a tensor's current values, in the form that stores them in the
+    fewest bits: one codebook for the tensor, or one per group of 1, 2, 4 ... 64 consecutive
+    slices along the first or the last axis (output channels of Conv, Gemm, MatMul weights).
+    The count is exact for the tables and the codes under the tensor's own best layout (the bank
+    pools histograms, which moves both forms alike); the grouped form also pays
+    ``GROUP_GRAPH_BITS``. Ties keep one codebook.
+
+    ``unit``: the lattice hint: one float32 number, None, or one unit per slice along
+    ``unit_axis`` (per-channel hashing: each channel's modes on its own grid)."""
+    values = np.ascontiguousarray(values, np.float32)
+    slice_units = None
+    if unit is not None and np.ndim(unit) == 1:
+        slice_units = np.asarray(unit, np.float64)
+        unit = None
+        if slice_units.size and np.all(slice_units == slice_units[0]):  # one grid after all
+            unit, slice_units = float(slice_units[0]), None
     codebook, codes = rank_codes(values)
-    return TensorCodes(name, tuple(values.shape), codebook, codes, lattice_codes(codebook, unit), unit)
+    lattice = lattice_codes(codebook, unit)
+    best = TensorCodes(name, tuple(values.shape), codebook, codes, lattice, unit)
+    if "tensor" not in forms:
+        best = None
+    if "groups" in forms and values.ndim >= 2 and codebook.size <= (1 << MAX_FIELD_BITS):
+        axes = sorted({0, values.ndim - 1})
+        bound = best.table_bits() + _code_bits(codes, codebook.size) if best is not None else None
+        for axis in axes:
+            units = slice_units if slice_units is not None and axis == unit_axis % values.ndim else None
+            cand = _grouped(name, values.shape, codebook, codes, lattice, unit, axis, units, bound)
+            if cand is not None:
+                best, bound = cand
+    if best is None:
+        raise ValueError(f"{name}: no form of {tuple(forms)} applies to shape {values.shape}")
+    return best
+
+
+def _code_bits(codes: np.ndarray, n_values: int) -> int:
+    return plan_layout(rank_histogram(codes, n_values))[0]
+
+
+def _grouped(name, shape, book, codes, lattice, unit, axis, slice_units, bound):
+    """``(TensorCodes, bits)`` of the grouped form along ``axis`` whose group size stores the
+    tensor in the fewest bits, when fewer than ``bound`` (None: any); else None. A group size
+    whose lower bound (the codes' conditional entropy given the group, which no prefix code of
+    the pooled ranks beats, plus 16 bits an entry) is not below ``bound`` is not planned."""
+    n, m = codes.size, book.size
+    outer, channels = int(np.prod(shape[:axis], dtype=np.int64)), int(shape[axis])
+    inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
+    if channels < 2 or n == 0:
+        return None
+    probe = Groups(axis, outer, channels, inner, 1, np.ones(1, np.int64))
+    key = probe.channel_of() * m + codes
+    if channels * m <= (1 << 24):  # (channel, value) pairs and their weights
+        counts = np.bincount(key, minlength=channels * m)
+        pairs = np.flatnonzero(counts)
+        counts = counts[pairs]
+    else:
+        pairs, counts = np.unique(key, return_counts=True)
+    pair_channel, pair_value = pairs // m, pairs % m
+    book_bits = book.view(np.uint32).astype(np.int64)
+    best = None
+    for size in GROUP_SIZES:
+        if size >= channels and size > 1:
+            break
+        group_units = None
+        if slice_units is not None:
+            group_units = slice_units[::size].astype(np.float32)
+            if not np.array_equal(np.repeat(group_units.astype(np.float64), size)[:channels], slice_units):
+                continue  # the channels of a group do not share a grid
+        group = pair_channel // size
+        n_groups = -(-channels // size)
+        if size > 1:  # pairs of (group, value)
+            gkey = group * m + pair_value
+            if n_groups * m <= (1 << 24):
+                dense = np.bincount(gkey, weights=counts, minlength=n_groups * m)
+                ukeys = np.flatnonzero(dense)
+                gcounts = dense[ukeys].astype(np.int64)
+                index = np.zeros(n_groups * m, np.int64)
+                index[ukeys] = np.arange(ukeys.size)
+                inv = index[gkey]
+            else:
+                ukeys, inv = np.unique(gkey, return_inverse=True)
+                gcounts = np.bincount(inv.ravel(), weights=counts).astype(np.int64)
+            ggroup, gvalue = ukeys // m, ukeys % m
+        else:
+            inv, gcounts, ggroup, gvalue = None, counts, group, pair_value
+        if bound is not None:
+            totals = np.bincount(ggroup, weights=gcounts, minlength=n_groups)
+            entropy = float(np.sum(gcounts * np.log2(totals[ggroup] / gcounts)))
+            if (entropy + 16 * gcounts.size + GROUP_GRAPH_BITS) * (1 - 1e-9) >= bound:
+                continue
+        order = np.lexsort((book_bits[gvalue], book[gvalue], -gcounts, ggroup))  # per group, most frequent first
+        sizes = np.bincount(ggroup, minlength=n_groups).astype(np.int64)
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        rank_sorted = np.arange(order.size) - starts[ggroup[order]]
+        table = book[gvalue[order]]
+        k, table_unit = None, None
+        if group_units is not None:
+            gu = group_units[ggroup[order]]
+            k = _lattice_per_entry(table, gu)
+            if k is None:
+                group_units = None
+        elif lattice is not None:
+            k, table_unit = lattice[gvalue[order]], unit
+        groups = Groups(axis, outer, channels, inner, size, sizes, group_units if k is not None else None)
+        hist = np.bincount(rank_sorted, weights=gcounts[order], minlength=int(sizes.max())).astype(np.int64)
+        t = TensorCodes(name, tuple(shape), table, np.empty(0, np.int64), k, table_unit, groups)
+        bits = plan_layout(hist)[0] + t.table_bits()
+        if bound is None or bits < bound:
+            bound = bits
+            rank = np.empty(order.size, np.int64)
+            rank[order] = rank_sorted
+            best = (t, rank, inv)
+    if best is None:
+        return None
+    t, rank, inv = best
+    pair_of = np.searchsorted(pairs, key)  # pairs are sorted keys
+    group_pair = inv.ravel()[pair_of] if inv is not None else pair_of
+    t.codes = rank[group_pair]
+    return t, bound
+
+
+def _lattice_per_entry(table: np.ndarray, units: np.ndarray) -> Optional[np.ndarray]:
+    """int16 ``k`` with ``float32(k) * units == table`` bit for bit (entry by entry), or None."""
+    if units.size and (not np.all(np.isfinite(units)) or np.any(units <= 0)):
+        return None
+    k = np.rint(table.astype(np.float64) / units.astype(np.float64))
+    info = np.iinfo(LATTICE_DTYPE)
+    if k.size and (not np.all(np.isfinite(k)) or k.min() < info.min or k.max() > info.max):
+        return None
+    k = k.astype(LATTICE_DTYPE)
+    if not np.array_equal((k.astype(np.float32) * units).view(np.uint32), table.view(np.uint32)):
+        return None
+    return k
 
 
 def refusal(t: TensorCodes) -> Optional[str]:
     """Why ``t`` is better stored plainly, or None. The estimate of the stored size is an upper
-    bound: fixed-length codes, the codebook and a few dozen bytes of graph."""
+    bound: fixed-length codes, the tables and a few dozen bytes of graph."""
     if t.codes.size > BANK_WEIGHTS:
         return f"more than {BANK_WEIGHTS} weights, too many for one codebook decoder"
-    if t.codebook.size > (1 << MAX_FIELD_BITS):
+    if t.n_ranks > (1 << MAX_FIELD_BITS):
         return f"more than {1 << MAX_FIELD_BITS} distinct values"
-    bits = max(1, math.ceil(math.log2(max(t.codebook.size, 2))))
-    if t.codes.size * bits / 8 + t.codebook_bytes() + 64 >= 4.0 * t.codes.size:
+    bits = max(1, math.ceil(math.log2(max(t.n_ranks, 2))))
+    if t.codes.size * bits / 8 + t.table_bits() / 8 + 64 >= 4.0 * t.codes.size:
         return f"{t.codebook.size} values for {t.codes.size} weights: a codebook would not shrink it"
     return None
 
@@ -294,7 +526,39 @@ def banks(tensors: Sequence[TensorCodes]) -> List[List[int]]:
     return out
 
 
+# --------------------------------------------------------------------------- checksum
+
+_CHECKSUM_CHUNK = 1 << 20
+_MASK64 = (1 << 64) - 1
+
+
+def checksum(values: np.ndarray) -> int:
+    """Order-sensitive 128-bit checksum of float32 values, the one the metadata stores and the C++
+    decoder (``redpp_onnx._core.decode_bank``) computes as it decodes: with ``b_i`` the 32 bits of
+    value ``i`` of ``n``, ``s1 = Σ b_i`` and ``s2 = Σ (n - i) b_i`` (the sum of the running sums,
+    Fletcher's construction), both modulo 2^64; returns ``s2 · 2^64 + s1``. Two adds per value
+    as the decoder writes it; it detects any change of one value, any shift or swap of values
+    and a wrong table, short of a deliberate forgery (not what it is for)."""
+    bits = np.ascontiguousarray(values, np.float32).reshape(-1).view(np.uint32)
+    n = bits.size
+    s1 = s2 = 0
+    with np.errstate(over="ignore"):
+        for s in range(0, n, _CHECKSUM_CHUNK):
+            b = bits[s:s + _CHECKSUM_CHUNK].astype(np.uint64)
+            s1 += int(b.sum(dtype=np.uint64))
+            s2 += int((np.arange(n - s, n - s - b.size, -1, dtype=np.uint64) * b).sum(dtype=np.uint64))
+    return ((s2 & _MASK64) << 64) | (s1 & _MASK64)
+
+
 # --------------------------------------------------------------------------- the graph
+
+METADATA_KEY = "redpp.codebook"
+"""The ``model.metadata_props`` key of the codebook map (``redpp_onnx/storage.py`` reads it)."""
+METADATA_VERSION = 1
+DIGEST_BYTES = 4096
+"""Decoder constants up to this size go into the metadata's digest byte for byte; larger ones
+(streams, codebooks) by type and shape: the decoded values' checksums cover their bytes."""
+
 
 def opset_version(model: onnx.ModelProto) -> int:
     for o in model.opset_import:
@@ -315,6 +579,7 @@ class _Builder:
         self.opset = opset
         self.nodes: List[onnx.NodeProto] = []
         self.inits: List[onnx.TensorProto] = []
+        self.banks: List[dict] = []  # per bank decoded by _decode_bank: what the metadata says of it
         self._n = 0
         self._consts: Dict[Tuple[str, bytes], str] = {}
 
@@ -350,13 +615,15 @@ class _Builder:
             self.op("Split", [x], outputs, axis=0, split=[int(v) for v in sizes])
 
 
-def _suffix_fields(b: _Builder, stream: np.ndarray, offsets: str, modulus: str) -> str:
-    """int32 fields of ``stream`` (from :func:`pack_fields`) starting at bit ``offsets``. The
-    3-byte windows are built once over the stream (smaller than the fields' count), so that a
-    field costs one Gather of its window, a shift and a mask. There is a window at every byte
-    ``0 .. total // 8``: every start bit ``0 .. total`` has one, an empty field's at the very end
-    included (it reads the zero padding and its modulus 1 makes it 0)."""
-    s = b.op("Cast", [b.init(stream)], to=onnx.TensorProto.INT32)
+def _suffix_fields(b: _Builder, stream: np.ndarray, offsets: str, modulus: str) -> Tuple[str, str]:
+    """``(fields, stream initializer)``: int32 fields of ``stream`` (from :func:`pack_fields`)
+    starting at bit ``offsets``. The 3-byte windows are built once over the stream (smaller than
+    the fields' count), so that a field costs one Gather of its window, a shift and a mask. There
+    is a window at every byte ``0 .. total // 8``: every start bit ``0 .. total`` has one, an
+    empty field's at the very end included (it reads the zero padding and its modulus 1 makes it
+    0)."""
+    init = b.init(stream)
+    s = b.op("Cast", [init], to=onnx.TensorProto.INT32)
     n = stream.size - 2  # total // 8 + 1 windows
     window = [b.op("Slice", [s, b.const([k], np.int64), b.const([n + k], np.int64)]) for k in range(3)]
     words = b.op("Add", [b.op("Add", [window[0], b.op("Mul", [window[1], b.const(256, np.int32)])]),
@@ -364,64 +631,107 @@ def _suffix_fields(b: _Builder, stream: np.ndarray, offsets: str, modulus: str) 
     eight = b.const(8, np.int32)
     word = b.op("Gather", [words, b.op("Div", [offsets, eight])], axis=0)
     shift = b.op("Gather", [b.const(1 << np.arange(8), np.int32), b.op("Mod", [offsets, eight])], axis=0)
-    return b.op("Mod", [b.op("Div", [word, shift]), modulus])
+    return b.op("Mod", [b.op("Div", [word, shift]), modulus]), init
 
 
-def _main_fields(b: _Builder, fields: np.ndarray, width: int) -> str:
-    """int32 tensor of fixed-width ``fields``: uint8 / uint16 for widths 8 / 16; widths 1, 2, 4
-    pack ``8 / width`` fields in a byte (``fields.size`` a multiple of 8) and are split apart by
-    one broadcast Div and Mod."""
+def _main_fields(b: _Builder, fields: np.ndarray, width: int) -> Tuple[str, str]:
+    """``(fields, stream initializer)``: int32 tensor of fixed-width ``fields``: uint8 / uint16
+    for widths 8 / 16; widths 1, 2, 4 pack ``8 / width`` fields in a byte (``fields.size`` a
+    multiple of 8) and are split apart by one broadcast Div and Mod."""
     if width in (8, 16):
-        return b.op("Cast", [b.init(fields.astype(np.uint8 if width == 8 else np.uint16))],
-                    to=onnx.TensorProto.INT32)
+        init = b.init(fields.astype(np.uint8 if width == 8 else np.uint16))
+        return b.op("Cast", [init], to=onnx.TensorProto.INT32), init
     per_byte = 8 // width
     if width not in (1, 2, 4) or fields.size % per_byte:
         raise ValueError(f"class fields of {width} bits for {fields.size} weights")
-    stream = pack(fields, width)[: fields.size // per_byte]  # whole bytes: the padding dropped
-    column = b.op("Reshape", [b.op("Cast", [b.init(stream)], to=onnx.TensorProto.INT32),
-                              b.const([-1, 1], np.int64)])
+    init = b.init(pack(fields, width)[: fields.size // per_byte])  # whole bytes: the padding dropped
+    column = b.op("Reshape", [b.op("Cast", [init], to=onnx.TensorProto.INT32), b.const([-1, 1], np.int64)])
     split = b.op("Div", [column, b.const(1 << (width * np.arange(per_byte)), np.int32)])
-    return b.op("Reshape", [b.op("Mod", [split, b.const(1 << width, np.int32)]), b.const([-1], np.int64)])
+    return b.op("Reshape", [b.op("Mod", [split, b.const(1 << width, np.int32)]), b.const([-1], np.int64)]), init
 
 
 def _decode_bank(b: _Builder, cls: np.ndarray, off: np.ndarray, layout: Layout) -> str:
     """int32 tensor of the bank's concatenated codes, from their :func:`encode` (``cls.size`` a
-    multiple of 8)."""
-    main = _main_fields(b, cls, layout.width)
+    multiple of 8). What the metadata says of the bank goes to ``b.banks``."""
+    main, main_init = _main_fields(b, cls, layout.width)
+    bank = {"main": main_init, "width": layout.width, "suffix": None, "count": int(cls.size),
+            "classes": [] if layout.direct else [int(o) for o in layout.classes]}  # direct: the code is the field
+    b.banks.append(bank)
     if layout.direct:
         return main
     widths = np.asarray(layout.classes, np.int64)
     table = lambda a: b.const(np.asarray(a, np.int32), np.int32)  # noqa: E731
     starts = b.op("CumSum", [b.op("Gather", [table(widths), main], axis=0), b.const(0, np.int32)], exclusive=1)
-    suffix = _suffix_fields(b, pack_fields(off, widths[cls]), starts,
-                            b.op("Gather", [table(1 << widths), main], axis=0))
+    suffix, bank["suffix"] = _suffix_fields(b, pack_fields(off, widths[cls]), starts,
+                                            b.op("Gather", [table(1 << widths), main], axis=0))
     return b.op("Add", [suffix, b.op("Gather", [table(layout.bases), main], axis=0)])
 
 
-def write_codebooks(graph: onnx.GraphProto, tensors: Sequence[TensorCodes], opset: int
-                    ) -> Dict[str, Tuple[float, Layout]]:
-    """Add decoders whose outputs are the ``tensors`` (by name) to ``graph``; the caller removes
-    the plain tensors. Returns each tensor's stored code bits per weight and its bank's layout."""
+def _gather_groups(b: _Builder, t: TensorCodes, book: str, part: str, out: str, units: Optional[str]) -> dict:
+    """``out`` = the grouped tensor ``t`` from its codes ``part`` and its concatenated codebook
+    ``book``: the codes viewed as ``outer × channels × inner`` plus each channel's codebook start
+    (an exclusive CumSum of the stored counts), gathered, times each channel's unit if any."""
+    g = t.groups
+    counts = b.init(g.counts.astype(g.count_dtype))
+    starts = b.op("CumSum", [b.op("Cast", [counts], to=onnx.TensorProto.INT32), b.const(0, np.int32)], exclusive=1)
+    group_of = None
+    if g.size > 1:
+        group_of = b.op("Div", [b.op("Range", [b.const(0, np.int32), b.const(g.channels, np.int32),
+                                                b.const(1, np.int32)]), b.const(g.size, np.int32)])
+        starts = b.op("Gather", [starts, group_of], axis=0)
+    column = b.const([g.channels, 1], np.int64)
+    index = b.op("Add", [b.op("Reshape", [part, b.const([g.outer, g.channels, g.inner], np.int64)]),
+                         b.op("Reshape", [starts, column])])
+    values = b.op("Gather", [book, index], axis=0)
+    if units is not None:
+        per_channel = b.op("Gather", [units, group_of], axis=0) if group_of is not None else units
+        values = b.op("Mul", [values, b.op("Reshape", [per_channel, column])])
+    b.op("Reshape", [values, b.init(np.asarray(t.shape, np.int64))], [out])
+    return {"axis": g.axis, "outer": g.outer, "channels": g.channels, "inner": g.inner, "size": g.size,
+            "counts": counts, "units": units}
+
+
+def write_codebooks(target, tensors: Sequence[TensorCodes], opset: int) -> Dict[str, Tuple[float, Layout]]:
+    """Add decoders whose outputs are the ``tensors`` (by name) to ``target``'s graph; the caller
+    removes the plain tensors. ``target``: a ``ModelProto`` (the codebook map then goes to its
+    ``metadata_props["redpp.codebook"]``, see :func:`metadata`) or a ``GraphProto`` (no map).
+    Returns each tensor's stored code bits per weight and its bank's layout."""
     if not tensors:
         return {}
+    model = target if isinstance(target, onnx.ModelProto) else None
+    graph = model.graph if model is not None else target
     b = _Builder(graph, opset)
     result: Dict[str, Tuple[float, Layout]] = {}
+    entries: Dict[str, dict] = {}
     lattice = [t for t in tensors if t.lattice is not None]
     books: Dict[str, str] = {}
+    units: Dict[str, str] = {}
     if lattice:  # one int16 tensor, cast and split once
-        ks = b.op("Cast", [b.init(np.concatenate([t.lattice for t in lattice]))], to=onnx.TensorProto.FLOAT)
+        k_init = b.init(np.concatenate([t.lattice for t in lattice]))
+        ks = b.op("Cast", [k_init], to=onnx.TensorProto.FLOAT)
         outs = [b.name() for _ in lattice]
         b.split(ks, [t.lattice.size for t in lattice], outs)
+        start = 0
         for t, k in zip(lattice, outs):
-            books[t.name] = b.op("Mul", [k, b.const(t.unit, np.float32)])
+            if t.groups is not None and t.groups.units is not None:  # multiplied per channel after the gather
+                books[t.name] = k
+                units[t.name] = b.init(t.groups.units.astype(np.float32))
+                unit = None
+            else:
+                books[t.name] = b.op("Mul", [k, b.const(t.unit, np.float32)])
+                unit = float(np.float32(t.unit)).hex()
+            entries[t.name] = {"book": {"init": k_init, "offset": start, "size": int(t.lattice.size), "unit": unit}}
+            start += t.lattice.size
     for t in tensors:
         if t.name not in books:
             books[t.name] = b.init(t.codebook.astype(np.float32))
+            entries[t.name] = {"book": {"init": books[t.name], "offset": 0, "size": int(t.codebook.size),
+                                        "unit": None}}
     for members in banks(tensors):
         group = [tensors[i] for i in members]
-        hist = np.zeros(max(t.codebook.size for t in group), np.int64)
+        hist = np.zeros(max(t.n_ranks for t in group), np.int64)
         for t in group:
-            hist[: t.codebook.size] += rank_histogram(t.codes, t.codebook.size)
+            hist[: t.n_ranks] += rank_histogram(t.codes, t.n_ranks)
         _, layout = plan_layout(hist)
         codes = np.concatenate([t.codes for t in group])
         pad = -codes.size % 8  # whole bytes of class fields; the padding is split off and unused
@@ -433,11 +743,59 @@ def write_codebooks(graph: onnx.GraphProto, tensors: Sequence[TensorCodes], opse
         ends = np.cumsum([t.codes.size for t in group])
         for t, part, end in zip(group, parts, ends):
             result[t.name] = (float(field_bits[end - t.codes.size:end].sum()) / max(t.codes.size, 1), layout)
-            flat = t.name if len(t.shape) == 1 else b.name()
-            b.op("Gather", [books[t.name], part], [flat], axis=0)
-            if len(t.shape) != 1:
+            entry = entries[t.name]
+            entry.update(bank=len(b.banks) - 1, start=int(end - t.codes.size), count=int(t.codes.size),
+                         shape=[int(d) for d in t.shape], dtype="float32", groups=None)
+            if t.groups is not None:
+                entry["groups"] = _gather_groups(b, t, books[t.name], part, t.name, units.get(t.name))
+            elif len(t.shape) == 1:
+                b.op("Gather", [books[t.name], part], [t.name], axis=0)
+            else:
+                flat = b.op("Gather", [books[t.name], part], axis=0)
                 b.op("Reshape", [flat, b.init(np.asarray(t.shape, np.int64))], [t.name])
+            if model is not None:
+                entry["checksum"] = f"{checksum(t.values()):032x}"
     graph.initializer.extend(b.inits)
     for node in reversed(b.nodes):  # constants only: first in the node list keeps it topological
         graph.node.insert(0, node)
+    if model is not None:
+        meta = {"version": METADATA_VERSION, "banks": b.banks, "tensors": entries}
+        meta["digest"] = decoder_digest(b.nodes, {t.name: t for t in b.inits}, meta)
+        set_metadata(model, json.dumps(meta, separators=(",", ":")))
     return result
+
+
+# --------------------------------------------------------------------------- the metadata
+
+def set_metadata(model: onnx.ModelProto, value: Optional[str]) -> None:
+    """Set (or with None remove) ``model.metadata_props[METADATA_KEY]``."""
+    keep = [p for p in model.metadata_props if p.key != METADATA_KEY]
+    del model.metadata_props[:]
+    model.metadata_props.extend(keep)
+    if value is not None:
+        model.metadata_props.add(key=METADATA_KEY, value=value)
+
+
+def decoder_digest(nodes: Sequence[onnx.NodeProto], inits: Dict[str, onnx.TensorProto], meta: dict) -> str:
+    """SHA-256 of the decoder subgraph and of the map: every node (type, inputs, outputs,
+    attributes; in any order, names of nodes ignored), the constants it reads (those up to
+    ``DIGEST_BYTES`` byte for byte, larger ones by name, type and shape) and the map ``meta``
+    (its ``digest`` aside). The fast path loads a model only when the digest it computes is the
+    one the map was written with: a graph edited after writing, or a map edited or damaged, is
+    refused."""
+    body = {k: v for k, v in meta.items() if k != "digest"}
+    lines = ["map|" + json.dumps(body, sort_keys=True, separators=(",", ":"))]
+    for n in nodes:
+        attrs = ";".join(f"{a.name}={helper.get_attribute_value(a)!r}"
+                         for a in sorted(n.attribute, key=lambda a: a.name))
+        lines.append(f"{n.domain}|{n.op_type}|{','.join(n.input)}|{','.join(n.output)}|{attrs}")
+    for name in sorted({i for n in nodes for i in n.input if i in inits}):
+        t = inits[name]
+        line = f"init|{name}|{t.data_type}|{list(t.dims)}"
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+            size = int(np.prod(t.dims, dtype=np.int64)) * itemsize
+            if size <= DIGEST_BYTES:
+                line += "|" + numpy_helper.to_array(t).tobytes().hex()
+        lines.append(line)
+    return _sha256("\n".join(sorted(lines)).encode()).hexdigest()

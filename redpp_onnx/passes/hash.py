@@ -21,7 +21,7 @@ from ..analysis.layers import ConstantTensors, Refusal, scan_layers
 from ..config import HashConfig
 from ..hashing import hash_tensor, uniform_int8
 from ..hashing.kde import grid_step
-from .codebook import MIN_OPSET, opset_version, refusal, tensor_codes, write_codebooks
+from .codebook import MIN_OPSET, opset_version, refusal, set_metadata, tensor_codes, write_codebooks
 
 
 @dataclasses.dataclass
@@ -141,10 +141,11 @@ def store_codebooks(result: HashPassResult) -> None:
     size_before = model.ByteSize()
     for t in tensors:
         _remove_constant(model, t.name)
-    stored = write_codebooks(model.graph, tensors, opset_version(model))
+    stored = write_codebooks(model, tensors, opset_version(model))  # + the map of metadata_props (storage.py)
     grown = model.ByteSize() - size_before
     if grown >= 0:  # tiny tensors: the decoder costs more than the codes save
         model.graph.CopyFrom(backup)
+        set_metadata(model, None)
         for t in tensors:
             rows[t.name].reasons.append(f"codebook storage would make the file {grown} bytes larger (the decoder "
                                         "costs more than the codes save); stored plainly")

@@ -19,7 +19,7 @@ from ..graphs import GraphBuilder, conv_bn_relu_gemm
 def _hashed_and_packed():
     model = conv_bn_relu_gemm(c=64)  # big enough layers for codebooks to pay
     cfg = HashConfig(weight_error=0.01)
-    hashed, _ = compress(model, CompressConfig(steps=("hash",), hash=cfg, verify=False))
+    hashed, _ = compress(model, CompressConfig(steps=("hash",), hash=cfg, verify=False, codebook=False))
     packed, _ = compress(model, CompressConfig(steps=("hash",), hash=cfg, codebook=True, verify=False))
     return hashed, packed
 

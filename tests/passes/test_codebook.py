@@ -3,6 +3,8 @@ decoder graph in onnxruntime against the numpy arrays it stores (bit for bit).""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -159,7 +161,7 @@ def _check_decoders(tensors, opset, tmp_path):
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     outs = sess.run(None, {"x": np.array(1.0, np.float32)})
     for t, y in zip(tensors, outs):
-        assert np.array_equal(y, t.codebook[t.codes].reshape(t.shape)), t.name
+        assert np.array_equal(y, t.values()), t.name
         bits, layout = stored[t.name]
         assert bits == cb.stored_bits(t.codes, layout) / t.codes.size
     folded = onnx.load(str(tmp_path / "opt.onnx"))
@@ -214,7 +216,7 @@ def test_codebook_model_equals_hashed_model(weight_error, n_out):
     h = g.node("Relu", [g.conv("x", 16, n_out)])
     y = g.gemm(g.node("Flatten", [g.node("GlobalAveragePool", [h])]), n_out, 40)
     model = g.model(["N", 16, 9, 9], y)
-    cfg = CompressConfig(hash=HashConfig(weight_error=weight_error), verify=False)
+    cfg = CompressConfig(hash=HashConfig(weight_error=weight_error), verify=False, codebook=False)
     hashed, plain_report = compress(model, cfg)
     packed, report = compress(model, CompressConfig(hash=cfg.hash, codebook=True, verify=False))
     onnx.checker.check_model(packed, full_check=True)
@@ -229,7 +231,8 @@ def test_codebook_model_equals_hashed_model(weight_error, n_out):
     assert report.model["codebook_layers"] == len(changed) >= 1 and all(b is not None for b in bits)
     assert all(l["codebook_type"] == "int16" for l in changed)  # KDE modes: grid indices x step
     stored = sum(l["params"] for l in changed)
-    assert any(n.startswith(f"--codebook: onnxruntime rebuilds the {stored:,} stored weights") for n in report.notes)
+    assert any(n.startswith(f"stored as codebooks (standard-ops + map, {stored:,} weights)") for n in report.notes)
+    assert report.model["storage"]["form"] == "standard-ops + map"
     # the weights were replaced by decoders: no float tensor of the weights' size is left, and the
     # hashed codebooks went in as int16 lattice integers
     assert not any(t.dims and list(t.dims) == [n_out, 16, 3, 3] for t in packed.graph.initializer)
@@ -248,7 +251,7 @@ def test_static_shapes_of_a_codebook_model_cut_the_decoders(monkeypatch):
     g = GraphBuilder(4)
     y = g.gemm(g.node("Flatten", [g.node("GlobalAveragePool", [g.conv("x", 16, 64)])]), 64, 40)
     model = g.model(["N", 16, 9, 9], y)
-    cfg = CompressConfig(hash=HashConfig(weight_error=0.002), verify=False)
+    cfg = CompressConfig(hash=HashConfig(weight_error=0.002), verify=False, codebook=False)
     hashed, _ = compress(model, cfg)
     packed, _ = compress(model, CompressConfig(hash=cfg.hash, codebook=True, verify=False))
     seen = []
@@ -287,3 +290,109 @@ def test_decoder_reads_a_zero_width_field_at_the_end_of_a_whole_byte_suffix(opse
     widths = np.asarray(layout.classes)[cls]
     assert np.array_equal(cb.unpack(cb.pack_fields(off, widths), widths, off.size), off)
     _check_decoders([t], opset, tmp_path)
+
+
+# --------------------------------------------------------------------------- one codebook per channel group
+
+def _per_channel(rng, shape, m, axis=0, units=None):
+    """Values hashed per output channel: each slice along ``axis`` has its own ``m`` values
+    (lattice integers times its unit, or times 1e-3), hashed-like frequencies."""
+    channels = shape[axis]
+    units = np.full(channels, np.float32(1e-3)) if units is None else units
+    out = np.empty((channels,) + tuple(d for k, d in enumerate(shape) if k != axis), np.float32)
+    for c in range(channels):
+        k = rng.permutation(np.arange(-2000, 2000))[:m]
+        out[c] = (k.astype(np.float32) * units[c])[_hashed_like(rng, out[c].size, m).reshape(out[c].shape)]
+    return np.moveaxis(out, 0, axis)
+
+
+def test_grouped_form_is_chosen_by_its_exact_stored_bits():
+    rng = np.random.default_rng(11)
+    unit = float(np.float32(1e-3))
+    per_channel = _per_channel(rng, (64, 32, 3, 3), 12)
+    t = cb.tensor_codes("w", per_channel, unit)
+    assert t.form == "groups" and t.groups.axis == 0 and t.groups.size == 1 and t.lattice is not None
+    assert np.array_equal(t.values(), per_channel)
+    whole = cb.tensor_codes("w", per_channel, unit, forms=("tensor",))
+    cost = lambda x: cb.plan_layout(cb.rank_histogram(x.codes, x.n_ranks))[0] + x.table_bits()  # noqa: E731
+    assert cost(t) < cost(whole)
+    for size in (2, 4):  # every other size it tried costs more
+        other = cb.tensor_codes("w", per_channel, unit, forms=("groups",))
+        assert cost(other) == cost(t)
+    # per-tensor hashing (one set of values for all channels): one codebook is smaller
+    shared = cb.tensor_codes("w", (np.float32(unit) * rng.integers(-150, 150, 300).astype(np.float32))
+                             [_hashed_like(rng, 64 * 288, 300)].reshape(64, 32, 3, 3), unit)
+    assert shared.form == "tensor"
+    # along the last axis (MatMul weights), and groups of channels sharing their values
+    last = _per_channel(rng, (48, 40), 5, axis=1)
+    assert cb.tensor_codes("w", last, unit).groups.axis == 1
+    pairs = np.repeat(_per_channel(rng, (16, 128), 10), 4, axis=0)  # 4 channels share each set
+    g = cb.tensor_codes("w", pairs, unit).groups
+    assert g.size == 4 and g.n_groups == 16
+
+
+def test_grouped_lattice_with_a_unit_per_channel():
+    """Per-channel hashing puts each channel's modes on its own grid: int16 tables and one
+    float32 unit per channel, the product the same float32 number as the value."""
+    rng = np.random.default_rng(12)
+    units = np.float32(rng.uniform(1e-4, 1e-2, 32))
+    values = _per_channel(rng, (32, 16, 3, 3), 9, units=units)
+    t = cb.tensor_codes("w", values, units.astype(np.float64))
+    assert t.form == "groups" and t.lattice is not None and t.groups.units is not None
+    assert np.array_equal(t.values().view(np.uint32), values.view(np.uint32))
+    assert cb.tensor_codes("w", values, None).lattice is None  # no grid given: float32 tables
+
+
+def test_grouped_graph_cost_estimate():
+    """GROUP_GRAPH_BITS is what the grouped decoder's nodes and small constants add to those of one
+    codebook (within 40 %)."""
+    rng = np.random.default_rng(13)
+    for size, units in ((1, None), (4, np.repeat(np.float32(rng.uniform(1e-4, 1e-2, 16)), 4))):
+        values = np.repeat(_per_channel(rng, (64 // size, 32, 3, 3), 12,
+                                        units=None if units is None else units[::size]), size, axis=0)
+        t = cb.tensor_codes("layer3.0.conv2.weight", values, None if units is None else units.astype(np.float64),
+                            forms=("groups",))
+        assert t.groups.size == size and (t.groups.units is not None) == (units is not None)
+        b = cb._Builder(helper.make_graph([], "g", [], []), 17)
+        meta = cb._gather_groups(b, t, "book", "part", t.name, None if units is None else "units")
+        extra = sum(n.ByteSize() + 3 for n in b.nodes) + sum(
+            x.ByteSize() + 3 for x in b.inits if x.name not in (meta["counts"], meta["units"]))
+        plain = cb._Builder(helper.make_graph([], "g", [], []), 17)  # what one codebook's decoder has instead
+        plain.op("Reshape", [plain.op("Gather", ["book", "part"], axis=0), plain.init(np.asarray(t.shape, np.int64))],
+                 [t.name])
+        extra -= sum(n.ByteSize() + 3 for n in plain.nodes) + sum(x.ByteSize() + 3 for x in plain.inits)
+        assert 0.6 * cb.GROUP_GRAPH_BITS / 8 <= extra <= 1.4 * cb.GROUP_GRAPH_BITS / 8, extra
+
+
+@pytest.mark.parametrize("opset", [11, 17])
+def test_grouped_decoders_in_onnxruntime_and_the_map(opset, tmp_path):
+    rng = np.random.default_rng(opset)
+    unit = float(np.float32(1e-3))
+    units = np.float32(rng.uniform(1e-4, 1e-2, 24))
+    tensors = [cb.tensor_codes("a", _per_channel(rng, (16, 8, 3, 3), 7), unit),
+               cb.tensor_codes("b", _per_channel(rng, (40, 24), 4, axis=1), unit),
+               cb.tensor_codes("c", _per_channel(rng, (24, 50), 6, units=units), units.astype(np.float64)),
+               cb.tensor_codes("d", np.repeat(_per_channel(rng, (4, 60), 9), 8, axis=0), None)] + _tensors(rng)[:2]
+    assert [t.form for t in tensors[:4]] == ["groups"] * 4
+    _check_decoders(tensors, opset, tmp_path)
+    model = helper.make_model(helper.make_graph([], "g", [], []), opset_imports=[helper.make_opsetid("", opset)])
+    cb.write_codebooks(model, tensors, opset)
+    meta = json.loads(model.metadata_props[0].value)
+    assert model.metadata_props[0].key == cb.METADATA_KEY and meta["version"] == 1
+    assert [meta["tensors"][n]["groups"] is not None for n in "abcd"] == [True] * 4
+    assert meta["tensors"]["c"]["groups"]["units"] is not None and meta["tensors"]["c"]["book"]["unit"] is None
+    for t in tensors:
+        assert int(meta["tensors"][t.name]["checksum"], 16) == cb.checksum(t.values())
+
+
+def test_checksum_in_cpp_and_numpy():
+    from redpp_onnx import _core
+
+    rng = np.random.default_rng(14)
+    for n in (0, 1, 7, 1 << 20, (1 << 20) + 5):
+        v = rng.standard_normal(n).astype(np.float32)
+        assert int(_core.checksum(v)) == cb.checksum(v)
+    v = rng.standard_normal(1000).astype(np.float32)
+    w = v.copy()
+    w[[3, 4]] = w[[4, 3]]
+    assert cb.checksum(w) != cb.checksum(v)  # order matters

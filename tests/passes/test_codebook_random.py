@@ -1,5 +1,8 @@
 """--codebook storage, randomized: seeded code histograms, layouts and stream lengths encoded by
-``codebook.py`` and decoded in onnxruntime, every result checked bit for bit.
+``codebook.py`` and decoded in both forms, every result checked bit for bit: the standard-ops
+decoders in onnxruntime, and the fast path (the map decoded by ``storage.decode`` in C++, the
+weights handed to onnxruntime by ``redpp_onnx.session``). Tensors with one codebook per group
+of output channels (per-channel hashing) are among the cases, chosen by their stored size.
 
 Edge cases are built on purpose (one value, two values, empty offset fields at the start, in the
 middle and at the end of the suffix stream, suffix streams that end on a byte boundary, lengths
@@ -11,6 +14,7 @@ one by one to name the first that does."""
 from __future__ import annotations
 
 import functools
+import warnings
 
 import numpy as np
 import onnx
@@ -18,6 +22,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
+import redpp_onnx
+from redpp_onnx import storage
 from redpp_onnx.passes import codebook as cb
 
 # every opset from MIN_OPSET on where an op of the decoders (Cast, Reshape, Split, Slice,
@@ -245,10 +251,10 @@ def _counts_probabilities(rng, m, shape):
     return p / p.sum()
 
 
-def _tensor(rng, name, n, m, shape, kind, order):
+def _tensor(rng, name, n, m, shape, kind, order, forms=("tensor", "groups")):
     """A tensor of ``n`` weights drawn from ``m`` values (every value present when ``n`` allows),
     laid out in ``order``: 'random', or the most frequent value first / last / in the middle
-    (where the empty offset fields are)."""
+    (where the empty offset fields are); stored in the smallest of ``forms``."""
     book, unit = _codebook(rng, m, kind)
     if shape == "exact":  # every value n / m times
         codes = rng.permutation(np.arange(n) % m)
@@ -266,7 +272,32 @@ def _tensor(rng, name, n, m, shape, kind, order):
                  "middle": np.concatenate([rest[:split], same, rest[split:]])}[order]
     values = book[codes]
     dims = (n,) if n % 4 or rng.random() < 0.5 else (4, n // 4)
-    return cb.tensor_codes(name, values.reshape(dims), unit if kind == "lattice" else None), values
+    return cb.tensor_codes(name, values.reshape(dims), unit if kind == "lattice" else None, forms=forms), values
+
+
+def _grouped_tensor(rng, name, shape, axis, size, m, kind, forms=("tensor", "groups")):
+    """A tensor hashed per group of ``size`` consecutive channels along ``axis``: each group has
+    its own ``m`` values (its own grid for ``kind`` 'units': per-channel lattice units; one
+    grid for 'lattice'; none for 'float'), hashed-like frequencies."""
+    channels = shape[axis]
+    moved = np.empty((channels,) + tuple(d for k, d in enumerate(shape) if k != axis), np.float32)
+    unit = float(np.float32(rng.uniform(1e-4, 1e-2)))
+    units = np.float32(rng.uniform(1e-4, 1e-2, -(-channels // size)))
+    for g in range(-(-channels // size)):
+        k = rng.permutation(np.arange(-3000, 3000))[:m]
+        if kind == "units":
+            book = k.astype(np.float32) * units[g]
+        elif kind == "lattice":
+            book = k.astype(np.float32) * np.float32(unit)
+        else:
+            book = rng.standard_normal(m).astype(np.float32)
+        p = _counts_probabilities(rng, m, "hashed")
+        block = moved[g * size:(g + 1) * size]
+        block[...] = book[np.minimum(np.searchsorted(np.cumsum(p), rng.random(block.shape)), m - 1)]
+    values = np.moveaxis(moved, 0, axis)
+    hint = {"units": np.repeat(units.astype(np.float64), size)[:channels], "lattice": unit, "float": None}[kind]
+    t = cb.tensor_codes(name, values, hint, forms=forms, unit_axis=axis)
+    return t, np.ascontiguousarray(values).reshape(-1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -281,12 +312,17 @@ def _bank_cases(quick):
         bank = [_tensor(rng, f"w{j}", *spec) for j, spec in enumerate(specs)]
         cases.append((f"{label}: " + "; ".join(f"n={s[0]} m={s[1]} {s[2]} {s[3]} {s[4]}" for s in specs), bank))
 
+    def grouped(label, *specs):
+        bank = [_grouped_tensor(rng, f"g{j}", *spec) for j, spec in enumerate(specs)]
+        cases.append((f"{label}: " + "; ".join(f"shape={s[0]} axis={s[1]} size={s[2]} m={s[3]} {s[4]}"
+                                               for s in specs), bank))
+
     for n in lengths:  # every length, one and two values, uniform codes (direct layouts)
         add("one value", (n, 1, "uniform", "float", "random"))
         if n >= 2:
             add("two values", (n, 2, "geometric", "lattice", "random"))
     for n, m in ((64, 3), (64, 4), (64, 16), (256, 256), (999, 333)) + (() if quick else ((1 << 16, 1 << 16),)):
-        add("uniform", (n, m, "exact", "lattice", "random"))  # direct 2, 4, 8, 16-bit fields
+        add("uniform", (n, m, "exact", "lattice", "random", ("tensor",)))  # direct 2, 4, 8, 16-bit fields
     for n in lengths[3:]:  # skewed codes where the empty fields are, at every length
         for order in ("first", "middle", "last"):
             m = int(rng.integers(3, min(n, 40) + 1))
@@ -296,6 +332,24 @@ def _bank_cases(quick):
         add("many values", (n, m, "zipf", "float", "last"))
     add("dominant", (4000, 500, "dominant", "lattice", "last"))
     add("floats with -0.0, NaN", (333, 7, "uniform", "float", "random"), (40, 7, "geometric", "float", "last"))
+    # per-channel (or channel-group) hashed tensors: the grouped form, along the first or the last
+    # axis, with one lattice unit, one per group, or float tables; some forced, in banks with others
+    for kind in ("units", "lattice", "float"):
+        grouped(f"per channel, {kind}", ((16, 8, 3, 3), 0, 1, 12, kind))
+        grouped(f"per channel along the last axis, {kind}", ((40, 24), 1, 1, 6, kind))
+        grouped(f"channel groups, {kind}", ((32, 16, 3, 3), 0, 4, 20, kind))
+    grouped("one channel group, forced", ((6, 5), 0, 8, 7, "lattice", ("groups",)))
+    grouped("many values per channel", ((8, 512), 0, 1, 300, "units"), ((64, 9), 1, 1, 3, "float"))
+    for i in range(2 if quick else 12):  # random grouped tensors, with a per-tensor one in the bank
+        axis = int(rng.integers(2))
+        shape = (int(rng.integers(2, 40)), int(rng.integers(1, 30)))
+        shape += (3, 3) if axis == 0 and rng.random() < 0.5 else ()
+        size = int(rng.choice([1, 1, 2, 4, 8]))
+        m = int(rng.integers(1, 40))
+        kind = str(rng.choice(["units", "lattice", "float"]))
+        bank = [_grouped_tensor(rng, "g0", shape, axis if len(shape) == 2 else 0, size, m, kind),
+                _tensor(rng, "w1", int(rng.integers(1, 500)), int(rng.integers(1, 50)), "hashed", "lattice", "random")]
+        cases.append((f"random grouped {i}: shape={shape} axis={axis} size={size} m={m} {kind}", bank))
     for i in range(5 if quick else 50):  # random banks of 1-3 tensors
         specs = []
         for _ in range(int(rng.integers(1, 4))):
@@ -308,12 +362,22 @@ def _bank_cases(quick):
     return cases
 
 
-def _bank_graph(bank, opset):
-    graph = helper.make_graph([], "g", [], [])
+def _bank_model(bank, opset):
+    """A model whose outputs are the bank's tensors (with the codebook map) and its stored layouts."""
     tensors = [t for t, _ in bank]
-    stored = cb.write_codebooks(graph, tensors, opset)
-    graph.output.extend(helper.make_tensor_value_info(t.name, TensorProto.FLOAT, None) for t in tensors)
-    return graph, stored
+    opsets = [helper.make_opsetid("", opset)]
+    model = helper.make_model(helper.make_graph([], "g", [], []), opset_imports=opsets,
+                              ir_version=helper.find_min_ir_version_for(opsets))
+    stored = cb.write_codebooks(model, tensors, opset)
+    for t in tensors:  # the weights feed a node, as in a model
+        model.graph.node.append(helper.make_node("Identity", [t.name], [f"y_{t.name}"]))
+        model.graph.output.append(helper.make_tensor_value_info(f"y_{t.name}", TensorProto.FLOAT, None))
+    return model, stored
+
+
+def _bank_graph(bank, opset):
+    model, stored = _bank_model(bank, opset)
+    return model.graph, stored
 
 
 @functools.lru_cache(maxsize=None)
@@ -348,4 +412,57 @@ def test_write_codebooks_of_random_histograms_in_onnxruntime_bit_for_bit(opset):
     for (label, bank), ys in zip(cases, outs):
         for (t, values), y in zip(bank, ys):
             assert y.dtype == np.float32 and y.shape == t.shape, label
+            assert np.array_equal(y.reshape(-1).view(np.uint32), values.view(np.uint32)), f"{label}: {t.name}"
+
+
+def test_the_cases_cover_every_grouped_form():
+    """One codebook per channel and per group of channels, along the first and the last axis,
+    with int16 tables times one unit or a unit per group, and float32 tables, chosen by the
+    stored size (some in banks with per-tensor tensors)."""
+    forms = set()
+    for _, bank in _bank_cases(False):
+        for t, _ in bank:
+            g = t.groups
+            if g is not None:
+                table = "float32" if t.lattice is None else "units" if g.units is not None else "lattice"
+                forms.add((g.axis == len(t.shape) - 1, g.size > 1, table))
+    assert {(False, False, k) for k in ("float32", "units", "lattice")} <= forms
+    assert {(True, False, k) for k in ("float32", "units", "lattice")} <= forms
+    assert {(False, True, k) for k in ("float32", "units", "lattice")} <= forms
+
+
+@functools.lru_cache(maxsize=None)
+def _bank_models(quick, opset):
+    return [_bank_model(bank, opset)[0] for _, bank in _bank_cases(quick)]
+
+
+@pytest.mark.parametrize("opset", [11, 13])
+def test_fast_path_decodes_every_case_bit_for_bit(opset):
+    """storage.decode: the map checked against the graph, the codes decoded in C++; every tensor
+    of every case (and of the quick set) bit for bit."""
+    for quick in (False, True):
+        for (label, bank), model in zip(_bank_cases(quick), _bank_models(quick, opset)):
+            decoded = storage.decode(model)
+            assert set(decoded.weights) == {t.name for t, _ in bank}, label
+            for t, values in bank:
+                w = decoded.weights[t.name]
+                assert w.dtype == np.float32 and w.shape == t.shape, label
+                assert np.array_equal(w.reshape(-1).view(np.uint32), values.view(np.uint32)), f"{label}: {t.name}"
+            assert not any(n.op_type != "Identity" for n in decoded.model.graph.node), label  # decoders gone
+
+
+@pytest.mark.parametrize("opset", FULL_OPSETS)
+def test_fast_path_sessions_in_onnxruntime_bit_for_bit(opset):
+    """redpp_onnx.session on each case's model: the fast path taken (no warning), onnxruntime
+    runs on the decoded weights, outputs bit for bit."""
+    quick = opset != 13
+    for (label, bank), model in zip(_bank_cases(quick), _bank_models(quick, 11 if opset < 13 else 13)):
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
+        m.opset_import[0].version = opset
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            sess = redpp_onnx.session(m)
+        assert sess.redpp_load.form == "decoded", label
+        for (t, values), y in zip(bank, sess.run(None, {})):
             assert np.array_equal(y.reshape(-1).view(np.uint32), values.view(np.uint32)), f"{label}: {t.name}"
