@@ -132,8 +132,10 @@ def render_table(r: Report) -> str:
                ("file bytes", _num(m["file_bytes_before"]), _num(m["file_bytes_after"]),
                 _ratio(m["file_bytes_before"], m["file_bytes_after"]))]
     if m.get("bits_per_eligible_weight") is not None and m.get("file_bytes_after"):
-        summary += [("bits / eligible weight (file)", "32.00", f"{m['bits_per_eligible_weight']:.2f}",
-                     f"{m['file_bytes_before'] / m['file_bytes_after']:.2f}x")]
+        bits = m["bits_per_eligible_weight"]
+        summary += [("bits / eligible weight (file)", "32.00", f"{bits:.2f}",
+                     f"/{32 / bits:.2f}" if bits else "-"),
+                    ("file ratio", "", f"{m['file_bytes_before'] / m['file_bytes_after']:.2f}x smaller", "")]
     unknown = sum(1 for l in rows if l.get("macs", 0) is None)
     for a, b, c, d in summary:
         lines.append(f"{a:28} {b:>16} {c:>16} {d:>9}")
