@@ -30,7 +30,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -81,27 +80,13 @@ def quantize_dynamic_row(model_path: Path):
 
 def output_axis(layer) -> int:
     """The output-channel axis of an eligible layer's weight."""
-    if layer.op_type == "Conv":
-        return 0
-    if layer.op_type == "Gemm":
-        return 0 if layer.trans_b else 1
-    return len(layer.weight_shape) - 1  # MatMul: [..., in, out]
+    return rd.output_axis(layer.op_type, tuple(layer.weight_shape), layer.trans_b)
 
 
 def eligible(model: onnx.ModelProto):
     """[(layer, weight array float32, output axis)] of the eligible layers (scan defaults)."""
     consts = ConstantTensors(model)
     return [(l, consts.array(l.weight).astype(np.float32), output_axis(l)) for l in scan_layers(model).layers]
-
-
-def with_weights(model: onnx.ModelProto, new: dict) -> onnx.ModelProto:
-    """A copy of ``model`` whose constants ``new`` (name -> array) are replaced."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    consts = ConstantTensors(out)
-    for name, a in new.items():
-        consts.proto(name).CopyFrom(numpy_helper.from_array(np.asarray(a, np.float32), name))
-    return out
 
 
 def digest(new: dict) -> str:
@@ -151,7 +136,7 @@ class Evaluator:
 
     def __call__(self, new: dict) -> dict:
         """Results of the model with the constants ``new`` (name -> array) replaced."""
-        return self.run(with_weights(self.model, new), digest(new))
+        return self.run(rd.with_weights(self.model, new), digest(new))
 
     def model_result(self, model: onnx.ModelProto) -> dict:
         """Results of any variant of the model (digest of its serialized bytes)."""
@@ -193,7 +178,7 @@ def baseline_row(family, lab, fn, layers, ev, corrected=None):
     if corrected is None:
         res = ev(new)
     else:
-        m = with_weights(ev.model, new)
+        m = rd.with_weights(ev.model, new)
         rd.correct(ev.model, m, corrected[0], corrected[1])
         res = ev.model_result(m)
         family, lab = family + " + corr.", lab + " + corr."
@@ -245,7 +230,7 @@ def proxy_comparison(ev, plans: dict, budgets, single_rel: float = 0.2):
         j = min(ok, key=lambda i: abs(np.log(max(rel[i], 1e-12) / single_rel)))
         f, c = float(curve.factor[j]), float(curve.nms[j])
         hashed = rd._kde.hash_tensor(v.rows, bandwidth_factor=f, nms_radius=c * book.base * f).hashed
-        m = rd._with(ev.model, {v.weight: v.tensor(hashed)})
+        m = rd.with_weights(ev.model, {v.weight: v.tensor(hashed)})
         rd.correct(ev.model, m, [v], [stats[k]], gain=base.gain_correction, bias=base.bias_correction)
         d = rd._distortion(v, base.vins[k], hashed, base.gain_correction)
         settings.append((f"{v.name} alone", "single layer", {k: d}, ev.model_result(m)))
@@ -270,6 +255,13 @@ def proxy_comparison(ev, plans: dict, budgets, single_rel: float = 0.2):
         row["predicted"] = pred
         table[name] = row
     return {"settings": [{"label": l, "kind": k, **r} for l, k, _, r in settings], "proxies": table}
+
+
+def slim_rows(rows, best):
+    """The rows as saved: per-layer details only for the headline settings (every setting's would make
+    the file megabytes); the printed tables and the plot use all of them."""
+    keep = {r["setting"] for r in best.values()}
+    return [r if r["setting"] in keep else {k: v for k, v in r.items() if k != "layers"} for r in rows]
 
 
 def headline(rows, ref_top1, bar):
@@ -422,7 +414,7 @@ def main(argv=None):
         out["models"][key] = {"model": model_file, "data": data_file, "n": int(len(ev.y)),
                               "original_top1": ev.ref_top1, "bar_points": bar,
                               "eligible_weights": int(sum(w.size for _, w, _ in layers)),
-                              "eligible_layers": len(layers), "rows": rows,
+                              "eligible_layers": len(layers), "rows": slim_rows(rows, best),
                               "headline": {f: {"setting": r["setting"], "entropy_bits": r["entropy_bits"],
                                                "fixed_bits": r["fixed_bits"], "top1": r["top1"]}
                                            for f, r in best.items()},

@@ -45,12 +45,6 @@ def load_model(path: PathLike) -> onnx.ModelProto:
     return model
 
 
-def uses_external_data(path: PathLike) -> bool:
-    """Whether the ONNX file at ``path`` keeps tensors in external data files."""
-    model = onnx.load(str(path), load_external_data=False)
-    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
-
-
 def runtime_ir_version(model: onnx.ModelProto) -> int:
     """The IR version to write: the model's own if onnxruntime loads it, else the lowest its opsets allow."""
     if 0 < model.ir_version <= MAX_ORT_IR_VERSION:

@@ -446,31 +446,12 @@ def _without_decoders(model: onnx.ModelProto, nodes: List[int], constants: set,
     each decoded weight an initializer whose data is external at ``PLACEHOLDER_LOCATION``
     (nothing of ``model`` is copied but its other nodes and small initializers)."""
     out = onnx.ModelProto()
-    for fd, value in model.ListFields():
-        if fd.name == "graph":
-            continue
-        if fd.name == "metadata_props":
-            out.metadata_props.extend(p for p in value if p.key != METADATA_KEY)
-        elif _repeated(fd):
-            getattr(out, fd.name).extend(value)
-        elif fd.message_type is not None:
-            getattr(out, fd.name).CopyFrom(value)
-        else:
-            setattr(out, fd.name, value)
+    _copy_fields(model, out, skip=("graph",),
+                 keep={"metadata_props": lambda p: p.key != METADATA_KEY})
     graph, g = model.graph, out.graph
     gone = set(nodes)
     internal = {o for k in nodes for o in graph.node[k].output} - set(weights)
-    for fd, value in graph.ListFields():
-        if fd.name in ("node", "initializer"):
-            continue
-        if fd.name == "value_info":
-            g.value_info.extend(v for v in value if v.name not in internal)
-        elif _repeated(fd):
-            getattr(g, fd.name).extend(value)
-        elif fd.message_type is not None:
-            getattr(g, fd.name).CopyFrom(value)
-        else:
-            setattr(g, fd.name, value)
+    _copy_fields(graph, g, skip=("node", "initializer"), keep={"value_info": lambda v: v.name not in internal})
     g.node.extend(n for k, n in enumerate(graph.node) if k not in gone)
     g.initializer.extend(t for t in graph.initializer if t.name not in constants)
     for name, array in weights.items():
@@ -482,6 +463,21 @@ def _without_decoders(model: onnx.ModelProto, nodes: List[int], constants: set,
         t.external_data.add(key="location", value=PLACEHOLDER_LOCATION)
         t.external_data.add(key="length", value=str(array.nbytes))
     return out
+
+
+def _copy_fields(src, dst, *, skip=(), keep=None) -> None:
+    """Copy every set field of the message ``src`` into ``dst`` but those in ``skip``; a repeated
+    field named in ``keep`` only copies the items its predicate accepts."""
+    keep = keep or {}
+    for fd, value in src.ListFields():
+        if fd.name in skip:
+            continue
+        if _repeated(fd):
+            getattr(dst, fd.name).extend(v for v in value if keep.get(fd.name, lambda _: True)(v))
+        elif fd.message_type is not None:
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)
 
 
 def _repeated(fd) -> bool:

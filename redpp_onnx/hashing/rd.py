@@ -390,16 +390,13 @@ def correct(original: onnx.ModelProto, model: onnx.ModelProto, views: Sequence[L
 # --------------------------------------------------------------------------- sensitivity
 
 def _session(model: onnx.ModelProto):
-    import onnxruntime as ort
+    from ..runtime import session
 
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return session(model, intra_op_num_threads=1, inter_op_num_threads=1)  # one thread: deterministic
 
 
-def _with(model: onnx.ModelProto, new: dict) -> onnx.ModelProto:
+def with_weights(model: onnx.ModelProto, new: dict) -> onnx.ModelProto:
+    """A copy of ``model`` whose constants ``new`` (name -> array) are replaced (float32)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     consts = ConstantTensors(out)
@@ -499,7 +496,7 @@ def sensitivities(model: onnx.ModelProto, views: Sequence[LayerView], proxy: str
             dist = _distortion(v, vin, noisy, gain_correction)
             if dist <= 0:
                 continue
-            m = _with(model, {v.weight: v.tensor(noisy)})
+            m = with_weights(model, {v.weight: v.tensor(noisy)})
             if gain_correction or bias_correction:
                 correct(model, m, [v], [stats[k]], gain=gain_correction, bias=bias_correction, shapes=shapes)
             y = run(m)
@@ -889,28 +886,19 @@ def allocate(cands: Sequence[_LayerCands], responses: Sequence[Response], budget
     def ok(err, bits):
         return err <= budget ** 2 if budget is not None else bits <= target_bits
 
-    lo, hi = -20.0, 40.0
-    r_lo, r_hi = run(lo), run(hi)
-    if budget is not None:
-        best = r_lo if ok(*r_lo[1:]) else r_hi
-        if not ok(*r_lo[1:]):
-            for _ in range(iters):
-                mid = 0.5 * (lo + hi)
-                r = run(mid)
-                if ok(*r[1:]):
-                    hi, best = mid, r
-                else:
-                    lo = mid
-    else:
-        best = r_hi if ok(*r_hi[1:]) else r_lo
-        if not ok(*r_hi[1:]):
-            for _ in range(iters):
-                mid = 0.5 * (lo + hi)
-                r = run(mid)
-                if ok(*r[1:]):
-                    lo, best = mid, r
-                else:
-                    hi = mid
+    # log λ in [-20, 40]: with a budget, a larger λ means less error (its safe end is high); with a
+    # target, a smaller λ means fewer bits (its safe end is low). Bisect towards the cheap end.
+    safe, cheap = (40.0, -20.0) if budget is not None else (-20.0, 40.0)
+    r_safe, r_cheap = run(safe), run(cheap)
+    best = r_cheap if ok(*r_cheap[1:]) else r_safe
+    if not ok(*r_cheap[1:]):
+        for _ in range(iters):
+            mid = 0.5 * (safe + cheap)
+            r = run(mid)
+            if ok(*r[1:]):
+                safe, best = mid, r
+            else:
+                cheap = mid
     idx, err, bits = best
     return [fr[i] for fr, i in zip(frontiers, idx)], err, bits
 
