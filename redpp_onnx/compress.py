@@ -200,6 +200,8 @@ def _summary(scan, hashed, merged, split, config_tolerance, final_scan):
             "distinct_reduction": (1 - d_after / d_before) if d_before else 0.0,
             "changed_layers": sum(1 for l in hashed.layers if l.method != "unchanged"),
             "codebook_layers": hashed.codebook_layers})
+        if hashed.rd is not None:  # budget, predicted error, counted bits, proxy, effort, seconds per stage
+            summary["rd"] = hashed.rd
     if split is not None:
         summary.update({
             "split_layers": sum(1 for s in split.layers if s.decision == "split"),
@@ -320,6 +322,18 @@ def _notes(config, hashed, merged, split, calibration, storage_info=None) -> lis
     if hashed is not None and any(l.method != "unchanged" for l in hashed.layers):
         if h.uniform_int8:
             notes.append("weights are uniform int8 quantize-dequantized (baseline): the function changes")
+        elif hashed.rd is not None:
+            r = hashed.rd
+            goal = (f"within {h.target_bits:g} bits per eligible weight" if h.target_bits is not None
+                    else f"within a predicted relative L2 logit error of {h.budget:g}")
+            notes.append(f"hashing changes the function: rate-distortion hashing ({h.effort}) chose per layer the "
+                         f"codebook granularity and bandwidth with the fewest stored bits {goal} (predicted "
+                         f"{r['predicted_error']:.3g}, sensitivity '{r['proxy']}', data-free; the verify line "
+                         f"measures it); {r['bits_per_weight']['entropy']:.2f} entropy-coded bits per eligible "
+                         "weight counted; the BatchNorm after each layer (or its bias) absorbs the mean shift "
+                         "and gain; --budget / --target-bits set the trade, --weight-error selects the "
+                         "paper's per-layer rule instead")
+            notes += list(r.get("notes") or [])
         else:
             budget = (f"fixed bandwidth factor f={h.bandwidth_factor:g}" if h.bandwidth_factor
                       else f"per-layer relative weight error <= {h.weight_error:g}")

@@ -19,22 +19,73 @@ def _positive(name: str, value: float, allow_zero: bool = False) -> None:
         raise RedppError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} number, got {value!r}")
 
 
+HASH_METHODS = ("rd", "kde")
+EFFORTS = ("fast", "thorough")
+DEFAULT_BUDGET = 0.1
+"""Default of ``budget``: the predicted relative L2 error of the logits that RD hashing spends.
+At 0.1 the shared models kept their top-1 within 0.3 points (ResNets) and 0.4 (EfficientNet-Lite0)
+on the exact data with every effort and sensitivity sample count measured; at 0.2 ResNet-56 lost
+1.8 points (``benchmarks/bench_rd.py``)."""
+DEFAULT_WEIGHT_ERROR = 0.01
+
+
 @dataclasses.dataclass(frozen=True)
 class HashConfig:
-    """Step 1 (METHOD.md): adaptive KDE hashing, or the uniform int8 baseline."""
+    """Step 1: rate-distortion hashing (``method="rd"``, the default: per-layer KDE codebooks
+    chosen for the fewest stored bits within a predicted logit error ``budget``, or within
+    ``target_bits`` bits per eligible weight), or per-layer KDE hashing within a relative weight
+    error (``method="kde"``: ``weight_error``, ``bandwidth_factor``, ``nms_radius``,
+    ``snap_zero``; giving any of them selects it), or the uniform int8 baseline."""
 
-    weight_error: float = 0.01               # ε: budget on ‖W̃ - W‖ / ‖W‖ per layer
+    method: Optional[str] = None              # "rd" | "kde"; None: "kde" when a kde-only option is given
+    weight_error: Optional[float] = None      # ε: budget on ‖W̃ - W‖ / ‖W‖ per layer (kde; default 0.01)
     bandwidth_factor: Optional[float] = None  # fixed f (1 = the paper's literal rule); None: per layer within ε
     nms_radius: float = 0.0                  # τ, in weight units (0 = off)
     snap_zero: bool = False
     uniform_int8: bool = False               # the baseline instead of KDE hashing
-    include_depthwise: bool = False          # also grouped / depthwise convs
+    include_depthwise: bool = False          # also grouped / depthwise convs (kde)
+    budget: Optional[float] = None           # rd: predicted relative L2 error of the logits (default 0.1)
+    target_bits: Optional[float] = None      # rd: instead, stored bits per eligible weight not to exceed
+    effort: str = "fast"                     # rd: "fast" | "thorough" (rd.EFFORTS)
 
     def __post_init__(self):
-        _positive("--weight-error", self.weight_error, allow_zero=True)
+        kde_only = [name for name, given in (("--weight-error", self.weight_error is not None),
+                                             ("--bandwidth-factor", self.bandwidth_factor is not None),
+                                             ("--nms-radius", bool(self.nms_radius)),
+                                             ("--snap-zero", self.snap_zero),
+                                             ("--uniform-int8", self.uniform_int8),
+                                             ("--include-depthwise", self.include_depthwise)) if given]
+        rd_only = [name for name, given in (("--budget", self.budget is not None),
+                                            ("--target-bits", self.target_bits is not None)) if given]
+        method = self.method
+        if method is None:
+            method = "kde" if kde_only else "rd"
+        if method not in HASH_METHODS:
+            raise RedppError(f"hash method must be one of {', '.join(HASH_METHODS)}, got {method!r}")
+        if method == "rd" and kde_only:
+            raise RedppError(f"{', '.join(kde_only)} select the per-layer hashing; they do not combine with the "
+                             "rate-distortion hashing" + (f" ({', '.join(rd_only)})" if rd_only else ""))
+        if method == "kde" and rd_only:
+            raise RedppError(f"{', '.join(rd_only)} belong to the rate-distortion hashing (the default); "
+                             f"they do not combine with {', '.join(kde_only) or 'the per-layer hashing'}")
+        if self.budget is not None and self.target_bits is not None:
+            raise RedppError("give one of --budget and --target-bits")
+        if self.effort not in EFFORTS:
+            raise RedppError(f"--effort must be one of {', '.join(EFFORTS)}, got {self.effort!r}")
+        if self.weight_error is not None:
+            _positive("--weight-error", self.weight_error, allow_zero=True)
         if self.bandwidth_factor is not None:
             _positive("--bandwidth-factor", self.bandwidth_factor)
         _positive("--nms-radius", self.nms_radius, allow_zero=True)
+        if self.budget is not None:
+            _positive("--budget", self.budget)
+        if self.target_bits is not None:
+            _positive("--target-bits", self.target_bits)
+        object.__setattr__(self, "method", method)
+        if method == "kde" and self.weight_error is None:
+            object.__setattr__(self, "weight_error", DEFAULT_WEIGHT_ERROR)
+        if method == "rd" and self.budget is None and self.target_bits is None:
+            object.__setattr__(self, "budget", DEFAULT_BUDGET)
 
 
 @dataclasses.dataclass(frozen=True)

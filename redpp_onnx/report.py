@@ -7,9 +7,15 @@ eligible layers; reduction = 1 - after / before), ``macs_before/after`` (eligibl
 sample, at the ``--input-shape`` sizes; null when an output shape is unknown, printed "unknown"),
 ``file_bytes_before/after``, ``nodes_before/after`` (count per op type), ``eligible_layers``,
 ``refused_layers``.
-``layers[]``: per layer ``name``, ``op_type``, ``shape``, ``params``, ``macs``, ``method``,
-``distinct_before/after``, ``bandwidth``, ``factor``, ``modes``, ``rel_error``, ``u_l``,
-``seconds``, ``reasons`` (why it was left unchanged or refused; ``eligible`` false for refused).
+``layers[]``: per layer ``name``, ``op_type``, ``shape``, ``params``, ``macs``, ``method``
+(``rd``, ``kde``, ``uniform-int8`` or ``unchanged``), ``distinct_before/after`` (values kept),
+``bandwidth``, ``factor`` (rd: median over the layer's codebooks), ``modes``, ``rel_error``, ``u_l``
+(kde), ``seconds``, ``reasons`` (why it was left unchanged or refused; ``eligible`` false for
+refused); rate-distortion hashing adds ``granularity`` ("tensor", "groups of g", "channel",
+"unchanged"), ``codebooks``, ``bits_per_weight`` (entropy-coded, tables included, as counted by
+the allocation), ``sensitivity`` and ``sensitivity_proxy``, ``weighted_rel_error``,
+``predicted_error`` (this layer's predicted relative L2 error of the logits) and ``correction``;
+``code_bits`` / ``codebook_type`` are what the file stores.
 ``verify``: ``max_abs_diff``, ``max_rel_l2``, what was fed and how many samples (or ``skipped``:
 see ``verify.VerifyResult``). ``timings``: seconds per stage.
 ``notes``: what changed in the function and why it holds.
@@ -89,7 +95,19 @@ def _ratio(before, after) -> str:
 def render_table(r: Report) -> str:
     lines = []
     rows = [l for l in r.layers if l.get("eligible", True)]
-    if rows and any("distinct_before" in l for l in rows):
+    if rows and any(l.get("granularity") for l in rows):
+        header = (f"{'layer':32} {'op':6} {'params':>9} {'codebooks':>14} {'values':>7} {'bits/w':>6} "
+                  f"{'sensitivity':>11} {'rel err':>8} {'pred err':>8}  note")
+        lines += [header, "-" * len(header)]
+        for l in (l for l in rows if "distinct_before" in l):
+            name = l["name"] if len(l["name"]) <= 32 else "…" + l["name"][-31:]
+            gran = l.get("granularity") or "-"
+            books = gran if gran in ("tensor", "unchanged") else f"{l.get('codebooks')} ({gran.replace('groups of ', 'x')})"
+            note = "; ".join(l.get("hash_reasons", []) + ([l["correction"]] if l.get("correction") else []))
+            lines.append(f"{name:32} {l['op_type']:6} {l['params']:>9,} {books:>14} {l['distinct_after']:>7,} "
+                         f"{_num(l.get('bits_per_weight'), '{:.2f}'):>6} {_num(l.get('sensitivity'), '{:.3g}'):>11} "
+                         f"{l['rel_error']:>8.4f} {_num(l.get('predicted_error'), '{:.4f}'):>8}  {note}")
+    elif rows and any("distinct_before" in l for l in rows):
         header = f"{'layer':32} {'op':6} {'params':>9} {'distinct':>17} {'f':>7} {'rel err':>8} {'u_l':>9}  note"
         lines += [header, "-" * len(header)]
         for l in (l for l in rows if "distinct_before" in l):

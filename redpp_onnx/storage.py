@@ -32,14 +32,19 @@ The map (version 1)::
      "tensors": {NAME: {"bank": i, "start": s, "count": n, "shape": [...], "dtype": "float32",
                         "book": {"init": INIT, "offset": a, "size": m, "unit": HEX|null},
                         "groups": null | {"axis": a, "outer": o, "channels": c, "inner": k,
-                                          "size": g, "counts": INIT, "units": INIT|null},
+                                          "size": g, "counts": INIT, "units": INIT|null,
+                                          "map": INIT|null},
                         "checksum": HEX32}},
      "digest": SHA256}
 
 ``INIT``: the name of an initializer of the decoder. ``book``: ``m`` values from element ``a``
 of ``INIT`` (float32, or int16 lattice integers times ``unit``, a float32 number written with
-``float.hex``, or times ``groups.units`` per group). ``groups``: one codebook per ``g``
-consecutive channels of the ``o × c × k`` view of the tensor, ``counts[j]`` values each.
+``float.hex``, or times ``groups.units`` per group). ``groups``: one codebook per group of
+channels of the ``o × c × k`` view of the tensor, ``counts[j]`` values each: with ``map`` null
+(or absent, as in files written before maps existed) groups of ``g`` consecutive channels
+(channel ``i`` in group ``i // g``); else channel ``i`` in group ``map[i]`` (``c`` uint8, uint16
+or int32 entries below ``len(counts)``, e.g. channels sorted by RMS and cut into groups; ``g``
+is then the largest group's channel count, not used to decode).
 """
 
 from __future__ import annotations
@@ -191,6 +196,7 @@ def load_model(source: ModelSource) -> onnx.ModelProto:
 _STREAM_TYPES = {1: onnx.TensorProto.UINT8, 2: onnx.TensorProto.UINT8, 4: onnx.TensorProto.UINT8,
                  8: onnx.TensorProto.UINT8, 16: onnx.TensorProto.UINT16}
 _COUNT_TYPES = (onnx.TensorProto.UINT8, onnx.TensorProto.UINT16, onnx.TensorProto.INT32)
+_MAP_TYPES = _COUNT_TYPES
 
 
 def _parse(text: str) -> dict:
@@ -420,12 +426,21 @@ def _job(name: str, entry: dict, inits, constants, bank_counts: List[int]):
                 or shape[axis] != channels or math.prod(shape[:axis]) != outer:
             raise StorageError(f"{name!r}: groups {groups} do not fit shape {shape}")
         counts = _array(_init(inits, constants, groups.get("counts"), _COUNT_TYPES, f"{name!r}'s group counts"))
-        n_groups = -(-channels // gsize)
+        if groups.get("map") is None:  # groups of gsize consecutive channels
+            n_groups = -(-channels // gsize)
+            group_of = np.arange(channels) // gsize
+        else:
+            group_of = _array(_init(inits, constants, groups["map"], _MAP_TYPES, f"{name!r}'s channel map"))
+            n_groups = counts.size
+            if group_of.size != channels:
+                raise StorageError(f"{name!r}: a channel map of {group_of.size} entries for {channels} channels")
+            group_of = group_of.astype(np.int64)
+            if channels and (int(group_of.min()) < 0 or int(group_of.max()) >= n_groups):
+                raise StorageError(f"{name!r}: the channel map has group ids outside 0..{n_groups - 1}")
         if counts.size != n_groups or int(counts.astype(np.int64).sum()) != size:
             raise StorageError(f"{name!r}: {counts.size} group counts summing to {int(counts.sum())} for "
                                f"{n_groups} groups and {size} values")
         starts = np.concatenate([[0], np.cumsum(counts.astype(np.int64))[:-1]])
-        group_of = np.arange(channels) // gsize
         channel_base = starts[group_of].astype(np.int32)
         if groups.get("units") is not None:
             if b.data_type != onnx.TensorProto.INT16 or unit is not None:
@@ -513,8 +528,9 @@ def describe(source: ModelSource) -> dict:
     ``form`` is ``"plain"`` (no decoders), ``"standard-ops"`` (decoders, no map: files written
     before the map existed, or whose map was removed), ``"standard-ops + map"`` or ``"plain +
     stale map"``; with a map, ``stored_weights``, ``tensors``, ``grouped_tensors`` (one codebook
-    per channel group), the ``fast_path`` check (``"ok"`` or why not) and ``load`` (what each
-    runtime does, with the costs measured by ``benchmarks/bench_load.py``)."""
+    per channel group), ``mapped_tensors`` (of those, the ones with a channel -> group map), the
+    ``fast_path`` check (``"ok"`` or why not) and ``load`` (what each runtime does, with the costs
+    measured by ``benchmarks/bench_load.py``)."""
     from .analysis.layers import constant_only_nodes
 
     model = load_model(source)
@@ -527,6 +543,8 @@ def describe(source: ModelSource) -> dict:
         info["stored_weights"] = sum(int(e.get("count", 0)) for e in meta["tensors"].values())
         info["tensors"] = len(meta["tensors"])
         info["grouped_tensors"] = sum(e.get("groups") is not None for e in meta["tensors"].values())
+        info["mapped_tensors"] = sum(isinstance(e.get("groups"), dict) and e["groups"].get("map") is not None
+                                     for e in meta["tensors"].values())
         decode(model, text)
         info["fast_path"] = "ok"
     except StaleMap as err:

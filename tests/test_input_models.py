@@ -70,7 +70,7 @@ def test_non_finite_weights_refuse_that_layer_only(tmp_path, capsys, value):
     assert code == 0
     refused = _refusals(report)
     assert list(refused) == ["/features/features.3/Conv"] and "NaN/Inf" in refused["/features/features.3/Conv"]
-    assert report["model"]["changed_layers"] == 2  # features.7 and fc are still hashed
+    assert report["model"]["changed_layers"] == 3  # features.0, features.7 and fc are still hashed
     weight = {t.name: nh.to_array(t) for t in onnx.load(str(out)).graph.initializer}["features.3.weight"]
     assert np.array_equal(weight, poison(nh.to_array(
         {t.name: t for t in _digits().graph.initializer}["features.3.weight"]).copy()), equal_nan=True)
@@ -122,7 +122,7 @@ def test_missing_ir_version_is_repaired_and_said(tmp_path, capsys):
     code, report, out = _compress(capsys, _save(model, tmp_path))
     assert code == 0 and any("no ir_version" in n for n in report["notes"])
     assert onnx.load(str(out)).ir_version > 0
-    assert report["model"]["changed_layers"] == 3
+    assert report["model"]["changed_layers"] == 4
 
 
 def test_old_ir_without_initializers_as_inputs_is_repaired_and_said(tmp_path, capsys):

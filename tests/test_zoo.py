@@ -44,7 +44,10 @@ def test_compress_variant_on_exported_model(name, variant, tmp_path, capsys):
     assert main(["compress", str(ZOO / name), "-o", str(out), "--report", str(rep), "-q"] + VARIANTS[variant]) == 0
     assert capsys.readouterr().err == ""
     report = json.loads(rep.read_text())
-    assert report["verify"]["max_rel_l2"] < 0.1  # hashing within 1 % per layer on random weights
+    # per-layer hashing within 1 % per layer (--include-depthwise selects it) drifts < 0.1 on random weights; the
+    # default rate-distortion hashing spends a predicted relative L2 of 0.1 (measured 0.10-0.14 on these)
+    bound = 0.1 if "--include-depthwise" in VARIANTS[variant] else 0.2
+    assert report["verify"]["max_rel_l2"] < bound
     written = out.stat().st_size + sum(p.stat().st_size for p in tmp_path.glob("out.onnx.data"))
     assert report["model"]["file_bytes_after"] == written
     model = onnx.load(str(out))

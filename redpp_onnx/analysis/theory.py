@@ -1106,7 +1106,7 @@ def analyze_hashed(model, hash_result, *, hash_config: Optional[HashConfig] = No
     return report
 
 
-def analyze(model, hash_config: HashConfig = HashConfig(), data=None, *, batch_size: int = 256,
+def analyze(model, hash_config: HashConfig = HashConfig(method="kde"), data=None, *, batch_size: int = 256,
             limit: Optional[int] = None, input_stats: Optional[str] = None) -> AnalysisReport:
     """Hash ``model`` (a path or ``ModelProto``; not modified) with ``hash_config`` and report the
     data-free guarantees; with ``data`` (an ``.npz`` path or a ``Dataset``) also measure

@@ -53,10 +53,14 @@ One codebook per group of output channels
 -----------------------------------------
 A tensor hashed per output channel has few values per channel but many per tensor: it can be
 stored with one codebook per channel (or per group of consecutive channels, along the first or
-the last axis), its codes being ranks within the weight's group. :func:`tensor_codes` picks, per
-tensor, the form that takes the fewest bits (codes, tables, group counts and units, and the
-grouped decoder's nodes). The decoder adds each channel's codebook start to the codes (viewed as
-``outer × channels × inner``), gathers, and multiplies by the group's lattice unit if it has one.
+the last axis), its codes being ranks within the weight's group. A tensor hashed per group of
+channels that are not consecutive (:mod:`redpp_onnx.hashing.rd`: channels sorted by RMS and cut
+into groups) is stored with one codebook per such group and a **channel map** (a uint8 group id
+per channel, uint16 beyond 256 groups). :func:`tensor_codes` picks, per tensor, the form that
+takes the fewest bits (codes, tables, group counts, units and map, and the grouped decoder's
+nodes). The decoder adds each channel's codebook start (that of its group: ``channel // size``,
+or the map's entry) to the codes (viewed as ``outer × channels × inner``), gathers, and
+multiplies by the group's lattice unit if it has one.
 """
 
 from __future__ import annotations
@@ -279,11 +283,17 @@ GROUP_GRAPH_BITS = 8 * 384
 
 @dataclasses.dataclass(frozen=True)
 class Groups:
-    """One codebook per group of ``size`` consecutive slices along ``axis``. The tensor is seen as
-    ``outer × channels × inner`` (``channels = shape[axis]``); weight ``i`` is in channel
-    ``(i // inner) % channels`` and group ``channel // size``. ``counts[g]``: values in group
-    ``g``'s codebook (the codebooks are laid end to end, each most frequent first); ``units``:
-    float32 lattice unit per group (the values are ``float32(k) × units[g]``), or None."""
+    """One codebook per group of slices along ``axis``. The tensor is seen as ``outer × channels ×
+    inner`` (``channels = shape[axis]``); weight ``i`` is in channel ``(i // inner) % channels``
+    and group ``channel_map[channel]``, or ``channel // size`` when ``channel_map`` is None (groups
+    of ``size`` consecutive channels). ``counts[g]``: values in group ``g``'s codebook (the
+    codebooks are laid end to end, each most frequent first); ``units``: float32 lattice unit per
+    group (the values are ``float32(k) × units[g]``), or None.
+
+    ``channel_map``: any channel -> group map (int, ``channels`` entries, every id below
+    ``len(counts)``), e.g. channels sorted by RMS and cut into groups
+    (:mod:`redpp_onnx.hashing.rd`); ``size`` is then the largest group's channel count (for
+    reports: the decoder reads the map)."""
 
     axis: int
     outer: int
@@ -292,9 +302,12 @@ class Groups:
     size: int
     counts: np.ndarray
     units: Optional[np.ndarray] = None
+    channel_map: Optional[np.ndarray] = None
 
     @property
     def n_groups(self) -> int:
+        if self.channel_map is not None:
+            return int(self.counts.size)
         return -(-self.channels // self.size)
 
     @property
@@ -308,14 +321,30 @@ class Groups:
         top = int(self.counts.max())
         return np.uint8 if top <= 0xFF else np.uint16 if top <= 0xFFFF else np.int32
 
+    @property
+    def map_dtype(self):
+        """The stored dtype of ``channel_map``: uint8 for up to 256 groups, uint16 for up to
+        65536, else int32."""
+        n = self.n_groups
+        return np.uint8 if n <= 0x100 else np.uint16 if n <= 0x10000 else np.int32
+
+    def group_of(self) -> np.ndarray:
+        """Group of every channel (int64, ``channels`` entries)."""
+        if self.channel_map is not None:
+            return np.asarray(self.channel_map, np.int64)
+        return np.arange(self.channels, dtype=np.int64) // self.size
+
     def channel_of(self) -> np.ndarray:
         """Channel of every weight (flat order)."""
         per = np.repeat(np.arange(self.channels, dtype=np.int64), self.inner)
         return np.tile(per, self.outer) if self.outer > 1 else per
 
     def side_bits(self) -> int:
-        """Bits of the group tables: the counts and the units."""
-        return self.n_groups * (8 * np.dtype(self.count_dtype).itemsize + (32 if self.units is not None else 0))
+        """Bits of the group tables: the counts, the units and the channel map."""
+        bits = self.n_groups * (8 * np.dtype(self.count_dtype).itemsize + (32 if self.units is not None else 0))
+        if self.channel_map is not None:
+            bits += self.channels * 8 * np.dtype(self.map_dtype).itemsize
+        return bits
 
 
 # --------------------------------------------------------------------------- tensors and banks
@@ -348,7 +377,7 @@ class TensorCodes:
         return "tensor" if self.groups is None else "groups"
 
     def codebook_bytes(self) -> int:
-        """Bytes of the tables: codebook values, plus the groups' counts and units."""
+        """Bytes of the tables: codebook values, plus the groups' counts, units and channel map."""
         table = self.codebook.size * (2 if self.lattice is not None else 4)
         return table + (self.groups.side_bits() // 8 if self.groups is not None else 0)
 
@@ -360,21 +389,32 @@ class TensorCodes:
         index = self.codes
         if self.groups is not None:
             g = self.groups
-            index = index + g.offsets[g.channel_of() // g.size]
+            index = index + g.offsets[g.group_of()[g.channel_of()]]
         return self.codebook[index].reshape(self.shape)
 
 
 def tensor_codes(name: str, values: np.ndarray, unit, *, forms: Sequence[str] = ("tensor", "groups"),
-                 unit_axis: int = 0) -> TensorCodes:
+                 unit_axis: int = 0, channel_groups=None) -> TensorCodes:
     """:class:`TensorCodes` of a tensor's current values, in the form that stores them in the
     fewest bits: one codebook for the tensor, or one per group of 1, 2, 4 ... 64 consecutive
-    slices along the first or the last axis (output channels of Conv, Gemm, MatMul weights).
-    The count is exact for the tables and the codes under the tensor's own best layout (the bank
-    pools histograms, which moves both forms alike); the grouped form also pays
-    ``GROUP_GRAPH_BITS``. Ties keep one codebook.
+    slices along the first or the last axis (output channels of Conv, Gemm, MatMul weights), or
+    one per group of ``channel_groups``. The count is exact for the tables (the channel map
+    included) and the codes under the tensor's own best layout (the bank pools histograms, which
+    moves all forms alike); the grouped forms also pay ``GROUP_GRAPH_BITS``. Ties keep one
+    codebook, then consecutive groups.
 
     ``unit``: the lattice hint: one float32 number, None, or one unit per slice along
-    ``unit_axis`` (per-channel hashing: each channel's modes on its own grid)."""
+    ``unit_axis`` (per-channel hashing: each channel's modes on its own grid).
+
+    ``channel_groups``: None, or one group id (any integers) per slice along ``unit_axis``: the
+    channels hashed with one codebook (e.g. sorted by RMS and cut into groups, in any order).
+    That grouping along ``unit_axis`` is then one more candidate (int16 tables times a unit per
+    group when the per-slice ``unit`` is the same within each group; else int16 tables times
+    ``unit`` when it is one number, or float32 tables); a grouping into runs of consecutive
+    channels (all of one size but the last) is that consecutive form, without a map.
+    ``forms``: ``"tensor"``, ``"groups"`` (consecutive groups, and the ``channel_groups``
+    grouping when given), ``"map"`` (the ``channel_groups`` grouping alone). Raises ValueError
+    when ``channel_groups`` does not have one integer id per slice."""
     values = np.ascontiguousarray(values, np.float32)
     slice_units = None
     if unit is not None and np.ndim(unit) == 1:
@@ -382,17 +422,26 @@ def tensor_codes(name: str, values: np.ndarray, unit, *, forms: Sequence[str] = 
         unit = None
         if slice_units.size and np.all(slice_units == slice_units[0]):  # one grid after all
             unit, slice_units = float(slice_units[0]), None
+    channel_map = None
+    if channel_groups is not None and values.ndim >= 1:
+        channel_map = _canonical_map(channel_groups, values.shape[unit_axis % values.ndim])
     codebook, codes = rank_codes(values)
     lattice = lattice_codes(codebook, unit)
     best = TensorCodes(name, tuple(values.shape), codebook, codes, lattice, unit)
     if "tensor" not in forms:
         best = None
-    if "groups" in forms and values.ndim >= 2 and codebook.size <= (1 << MAX_FIELD_BITS):
-        axes = sorted({0, values.ndim - 1})
+    mapped = channel_map is not None and ("groups" in forms or "map" in forms)
+    if ("groups" in forms or mapped) and values.ndim >= 2 and codebook.size <= (1 << MAX_FIELD_BITS):
         bound = best.table_bits() + _code_bits(codes, codebook.size) if best is not None else None
-        for axis in axes:
-            units = slice_units if slice_units is not None and axis == unit_axis % values.ndim else None
-            cand = _grouped(name, values.shape, codebook, codes, lattice, unit, axis, units, bound)
+        if "groups" in forms:
+            for axis in sorted({0, values.ndim - 1}):
+                units = slice_units if slice_units is not None and axis == unit_axis % values.ndim else None
+                cand = _grouped(name, values.shape, codebook, codes, lattice, unit, axis, units, bound)
+                if cand is not None:
+                    best, bound = cand
+        if mapped:
+            cand = _grouped(name, values.shape, codebook, codes, lattice, unit, unit_axis % values.ndim,
+                            slice_units, bound, channel_map)
             if cand is not None:
                 best, bound = cand
     if best is None:
@@ -400,15 +449,38 @@ def tensor_codes(name: str, values: np.ndarray, unit, *, forms: Sequence[str] = 
     return best
 
 
+def _canonical_map(ids, channels: int) -> Tuple[int, Optional[np.ndarray]]:
+    """``(size, map)`` of a channel -> group id assignment: the groups numbered by their first
+    channel (``map``, int64), and ``size`` their largest channel count; ``(size, None)`` when the
+    groups are runs of ``size`` consecutive channels (the last maybe shorter)."""
+    a = np.asarray(ids)
+    if a.ndim != 1 or a.size != channels or channels == 0:
+        raise ValueError(f"channel_groups: {a.size} group ids of shape {a.shape} for {channels} channels")
+    if a.dtype.kind not in "iu":
+        if a.dtype.kind != "f" or not np.all(np.isfinite(a)) or not np.all(a == np.rint(a)):
+            raise ValueError(f"channel_groups: ids of type {a.dtype} are not integers")
+        a = a.astype(np.int64)
+    _, first, inv = np.unique(a, return_index=True, return_inverse=True)
+    rank = np.empty(first.size, np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(first.size)
+    canon = rank[inv.ravel()]
+    per = np.bincount(canon)
+    if np.array_equal(canon, np.arange(channels, dtype=np.int64) // int(per[0])):
+        return int(per[0]), None
+    return int(per.max()), canon
+
+
 def _code_bits(codes: np.ndarray, n_values: int) -> int:
     return plan_layout(rank_histogram(codes, n_values))[0]
 
 
-def _grouped(name, shape, book, codes, lattice, unit, axis, slice_units, bound):
+def _grouped(name, shape, book, codes, lattice, unit, axis, slice_units, bound, channel_map=None):
     """``(TensorCodes, bits)`` of the grouped form along ``axis`` whose group size stores the
     tensor in the fewest bits, when fewer than ``bound`` (None: any); else None. A group size
     whose lower bound (the codes' conditional entropy given the group, which no prefix code of
-    the pooled ranks beats, plus 16 bits an entry) is not below ``bound`` is not planned."""
+    the pooled ranks beats, plus 16 bits an entry) is not below ``bound`` is not planned.
+    ``channel_map``: a ``(size, map)`` of :func:`_canonical_map`, the one grouping tried instead
+    of the consecutive sizes."""
     n, m = codes.size, book.size
     outer, channels = int(np.prod(shape[:axis], dtype=np.int64)), int(shape[axis])
     inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
@@ -424,18 +496,27 @@ def _grouped(name, shape, book, codes, lattice, unit, axis, slice_units, bound):
         pairs, counts = np.unique(key, return_counts=True)
     pair_channel, pair_value = pairs // m, pairs % m
     book_bits = book.view(np.uint32).astype(np.int64)
+    if channel_map is None:
+        candidates = [(size, None) for size in GROUP_SIZES if size < channels or size == 1]
+    else:
+        candidates = [channel_map]
     best = None
-    for size in GROUP_SIZES:
-        if size >= channels and size > 1:
-            break
+    for size, cmap in candidates:
+        if cmap is None:
+            channel_group, n_groups = np.arange(channels, dtype=np.int64) // size, -(-channels // size)
+            first = np.arange(0, channels, size)
+        else:
+            channel_group, n_groups = cmap, int(cmap.max()) + 1
+            first = np.unique(cmap, return_index=True)[1]  # every group's first channel
         group_units = None
         if slice_units is not None:
-            group_units = slice_units[::size].astype(np.float32)
-            if not np.array_equal(np.repeat(group_units.astype(np.float64), size)[:channels], slice_units):
-                continue  # the channels of a group do not share a grid
-        group = pair_channel // size
-        n_groups = -(-channels // size)
-        if size > 1:  # pairs of (group, value)
+            group_units = slice_units[first].astype(np.float32)
+            if not np.array_equal(group_units.astype(np.float64)[channel_group], slice_units):
+                if cmap is None:
+                    continue  # the channels of a group do not share a grid
+                group_units = None  # the one grouping asked for: float32 tables
+        group = channel_group[pair_channel]
+        if size > 1 or cmap is not None:  # pairs of (group, value)
             gkey = group * m + pair_value
             if n_groups * m <= (1 << 24):
                 dense = np.bincount(gkey, weights=counts, minlength=n_groups * m)
@@ -468,7 +549,7 @@ def _grouped(name, shape, book, codes, lattice, unit, axis, slice_units, bound):
                 group_units = None
         elif lattice is not None:
             k, table_unit = lattice[gvalue[order]], unit
-        groups = Groups(axis, outer, channels, inner, size, sizes, group_units if k is not None else None)
+        groups = Groups(axis, outer, channels, inner, size, sizes, group_units if k is not None else None, cmap)
         hist = np.bincount(rank_sorted, weights=gcounts[order], minlength=int(sizes.max())).astype(np.int64)
         t = TensorCodes(name, tuple(shape), table, np.empty(0, np.int64), k, table_unit, groups)
         bits = plan_layout(hist)[0] + t.table_bits()
@@ -670,14 +751,19 @@ def _decode_bank(b: _Builder, cls: np.ndarray, off: np.ndarray, layout: Layout) 
 def _gather_groups(b: _Builder, t: TensorCodes, book: str, part: str, out: str, units: Optional[str]) -> dict:
     """``out`` = the grouped tensor ``t`` from its codes ``part`` and its concatenated codebook
     ``book``: the codes viewed as ``outer × channels × inner`` plus each channel's codebook start
-    (an exclusive CumSum of the stored counts), gathered, times each channel's unit if any."""
+    (an exclusive CumSum of the stored counts, gathered by each channel's group: its stored map,
+    or ``channel // size``), gathered, times each channel's unit if any."""
     g = t.groups
     counts = b.init(g.counts.astype(g.count_dtype))
     starts = b.op("CumSum", [b.op("Cast", [counts], to=onnx.TensorProto.INT32), b.const(0, np.int32)], exclusive=1)
-    group_of = None
-    if g.size > 1:
+    group_of, channel_map = None, None
+    if g.channel_map is not None:
+        channel_map = b.init(np.asarray(g.channel_map).astype(g.map_dtype))
+        group_of = b.op("Cast", [channel_map], to=onnx.TensorProto.INT32)
+    elif g.size > 1:
         group_of = b.op("Div", [b.op("Range", [b.const(0, np.int32), b.const(g.channels, np.int32),
                                                 b.const(1, np.int32)]), b.const(g.size, np.int32)])
+    if group_of is not None:
         starts = b.op("Gather", [starts, group_of], axis=0)
     column = b.const([g.channels, 1], np.int64)
     index = b.op("Add", [b.op("Reshape", [part, b.const([g.outer, g.channels, g.inner], np.int64)]),
@@ -688,7 +774,7 @@ def _gather_groups(b: _Builder, t: TensorCodes, book: str, part: str, out: str, 
         values = b.op("Mul", [values, b.op("Reshape", [per_channel, column])])
     b.op("Reshape", [values, b.init(np.asarray(t.shape, np.int64))], [out])
     return {"axis": g.axis, "outer": g.outer, "channels": g.channels, "inner": g.inner, "size": g.size,
-            "counts": counts, "units": units}
+            "counts": counts, "units": units, "map": channel_map}
 
 
 def write_codebooks(target, tensors: Sequence[TensorCodes], opset: int) -> Dict[str, Tuple[float, Layout]]:

@@ -42,6 +42,14 @@ class LayerHash:
     factor: Optional[float] = None
     modes: Optional[int] = None
     u_l: Optional[float] = None      # per-weight bound min(A, B)
+    granularity: Optional[str] = None  # rd: "tensor" | "groups of g" | "channel" | "unchanged"
+    codebooks: Optional[int] = None    # rd: codebooks of the layer
+    bits_per_weight: Optional[float] = None  # rd: entropy-coded bits per weight, tables included (counted)
+    sensitivity: Optional[float] = None  # rd: relative logit energy per unit of distortion (small errors)
+    sensitivity_proxy: Optional[str] = None  # rd: "synthetic" | "bn" | "params"
+    weighted_rel_error: Optional[float] = None  # rd: the distortion the allocation sees, relative
+    predicted_error: Optional[float] = None  # rd: predicted relative L2 error of the logits from this layer
+    correction: Optional[str] = None   # rd: data-free gain/bias correction of what follows
     code_bits: Optional[float] = None  # --codebook: stored code bits per weight (mean)
     codebook_type: Optional[str] = None  # --codebook: "int16" (grid indices x step) or "float32"
     seconds: float = 0.0
@@ -55,6 +63,10 @@ class HashPassResult:
     refused: list                    # Refusal per candidate that is not eligible
     codebook_layers: int = 0
     lattice_units: dict = dataclasses.field(default_factory=dict)  # weight -> h/2 of its modes' grid (None: no grid)
+    rd: Optional[dict] = None        # rd hashing: budget, predicted error, bits, proxy, seconds (RDResult)
+    # or one h/2 per slice along lattice_axes[weight] (one grid per channel or channel group)
+    lattice_axes: dict = dataclasses.field(default_factory=dict)  # weight -> output-channel axis (absent: 0)
+    lattice_groups: dict = dataclasses.field(default_factory=dict)  # weight -> group id per channel (optional)
 
 
 class HashPass:
@@ -74,6 +86,11 @@ class HashPass:
                                   nms_radius=c.nms_radius, snap_zero=c.snap_zero)
 
     def run(self, model: onnx.ModelProto) -> HashPassResult:
+        if self.config.method == "rd" and not self.config.uniform_int8:
+            result = self._run_rd(model)
+            if self.codebook:
+                store_codebooks(result)
+            return result
         scan = scan_layers(model, include_grouped=self.config.include_depthwise)
         out = onnx.ModelProto()
         out.CopyFrom(model)
@@ -107,6 +124,71 @@ class HashPass:
         return result
 
 
+    def _run_rd(self, model: onnx.ModelProto) -> HashPassResult:
+        """Rate-distortion hashing (``hashing/rd.py``) of every eligible layer. The sensitivity
+        proxy is ``"synthetic"``; a model it cannot feed (an input without a static shape, or not
+        float) or run falls back to ``"bn"`` (then ``"params"``), said in ``result.rd["notes"]``."""
+        from ..hashing import rd
+        from ..runtime import ORT_ERRORS
+
+        c = self.config
+        scan = scan_layers(model)
+        macs = {l.node: l.macs for l in scan.layers}
+        settings = dict(rd.EFFORTS[c.effort])
+        notes = []
+        progress = None
+        if self.progress:
+            progress = lambda k, n, name: self.progress(k, n, name)  # noqa: E731
+        out = res = None
+        for proxy in rd.PROXIES:
+            try:
+                out, res = rd.rd_hash(model, c.budget, target_bits=c.target_bits, proxy=proxy, progress=progress,
+                                      **settings)
+                break
+            except rd.SyntheticInputsUnavailable as err:
+                notes.append(f"sensitivity: the synthetic-input measurement cannot feed this model ({err}); "
+                             "BatchNorm/moment estimate used instead")
+            except ORT_ERRORS as err:
+                notes.append(f"sensitivity: onnxruntime could not run the perturbed model "
+                             f"({str(err).splitlines()[0][:200]}); next proxy used")
+        if res is None:
+            raise RuntimeError("rate-distortion hashing found no sensitivity it could compute")
+        if self.progress:
+            self.progress(len(res.layers), len(res.layers), "")
+        rows, units, axes, groups = [], {}, {}, {}
+        for info in res.layers:
+            changed = info.granularity != "unchanged"
+            d = info.to_dict()
+            row = LayerHash(info.name, info.op_type, info.weight, tuple(info.shape), info.params,
+                            macs.get(info.name), "rd" if changed else "unchanged", info.distinct_before,
+                            info.values_kept, float(info.rel_error), granularity=info.granularity,
+                            codebooks=info.codebooks, bits_per_weight=round(d["bits_per_weight"]["entropy"], 4),
+                            sensitivity=info.sensitivity, sensitivity_proxy=info.sensitivity_proxy,
+                            weighted_rel_error=info.weighted_rel_error, predicted_error=info.predicted_error,
+                            correction=info.bias or None)
+            factors = [f for f in info.factors if f > 0]
+            if factors:
+                row.factor = float(np.median(factors))
+            if not changed:
+                row.reasons.append("left as it is: every codebook cost more than the error it would save")
+            else:
+                cu = info.channel_units()
+                if cu is not None and np.all(np.isfinite(cu)) and np.all(cu == cu[0]):
+                    units[info.weight] = float(cu[0])
+                else:
+                    units[info.weight] = cu
+                axes[info.weight] = info.axis
+                cg = info.channel_groups()
+                if cg is not None:
+                    groups[info.weight] = cg
+            rows.append(row)
+        summary = {k: v for k, v in res.to_dict().items() if k != "layers"}
+        summary["effort"] = c.effort
+        summary["notes"] = notes
+        return HashPassResult(out, rows, list(scan.refused), lattice_units=units, lattice_axes=axes,
+                              lattice_groups=groups, rd=summary)
+
+
 def _lattice_unit(res) -> Optional[float]:
     """``h/2`` of the grid the KDE modes sit on (``codebook.py`` stores them as integers)."""
     bandwidth = getattr(res, "bandwidth", None)
@@ -117,7 +199,12 @@ def store_codebooks(result: HashPassResult) -> None:
     """Store each hashed weight that is still a plain constant of ``result.model`` as a codebook
     and escape-coded codes (in place, ``codebook.py``). Run it last: later passes need plain
     constant weights. The codebook is built from the tensor's current values (merging may have
-    folded weights); a tensor the storage would not shrink stays plain, with the reason."""
+    folded weights); a tensor the storage would not shrink stays plain, with the reason.
+
+    ``result.lattice_units[w]``: one float, None, or one unit per slice along
+    ``result.lattice_axes.get(w, 0)``; ``result.lattice_groups.get(w)``: the channel groups the
+    weight was hashed with (one id per slice along that axis), tried as one more grouped form
+    (ignored when its length is not the tensor's channel count)."""
     model = result.model
     rows = {row.weight: row for row in result.layers}
     consts = ConstantTensors(model)
@@ -128,7 +215,12 @@ def store_codebooks(result: HashPassResult) -> None:
         return
     tensors = []
     for w in todo:
-        t = tensor_codes(w, consts.array(w), result.lattice_units[w])
+        values = consts.array(w)
+        axis = result.lattice_axes.get(w, 0)
+        groups = result.lattice_groups.get(w)
+        if groups is not None and (values.ndim < 2 or np.size(groups) != values.shape[axis % values.ndim]):
+            groups = None  # not this tensor's channels (a later pass reshaped it)
+        t = tensor_codes(w, values, result.lattice_units[w], unit_axis=axis, channel_groups=groups)
         why = refusal(t)
         if why is None:
             tensors.append(t)

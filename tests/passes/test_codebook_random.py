@@ -300,6 +300,55 @@ def _grouped_tensor(rng, name, shape, axis, size, m, kind, forms=("tensor", "gro
     return t, np.ascontiguousarray(values).reshape(-1)
 
 
+def _channel_groups(rng, channels, size, how):
+    """``(ids, groups)``: ``channels`` channels cut into groups of ``size`` (the last maybe
+    shorter) in the order ``how``: 'permutation' (any order, as rd.py's RMS sort gives),
+    'interleaved' (channel ``c`` in group ``c % n_groups``) or 'consecutive'; ``ids``: one group
+    id per channel, arbitrary distinct integers or 0, 1, ..."""
+    n_groups = -(-channels // size)
+    if how == "interleaved":
+        groups = [np.arange(g, channels, n_groups) for g in range(n_groups)]
+    else:
+        order = rng.permutation(channels) if how == "permutation" else np.arange(channels)
+        groups = [np.sort(order[i:i + size]) for i in range(0, channels, size)]
+    labels = rng.choice(1 << 20, n_groups, replace=False) if rng.random() < 0.5 else np.arange(n_groups)
+    ids = np.empty(channels, np.int64)
+    for g, idx in enumerate(groups):
+        ids[idx] = labels[g]
+    return ids, groups
+
+
+def _mapped_tensor(rng, name, shape, axis, size, m, kind, how="permutation", hist="hashed", forms=("map",)):
+    """A tensor hashed per group of ``size`` channels along ``axis`` that are not consecutive
+    (:func:`_channel_groups`), stored with the channel map (``forms`` ``("map",)``) or in the
+    smallest form. Each group has its own ``m`` values: on its own grid (``kind`` 'units': the
+    per-slice unit hint is its group's), on one grid ('lattice'), float32 ('float'), or on a grid
+    per channel ('channel units': the hint is not constant within a group: float32 tables);
+    ``hist``: the values' frequencies (:func:`_counts_probabilities`)."""
+    channels = shape[axis]
+    ids, groups = _channel_groups(rng, channels, size, how)
+    moved = np.empty((channels,) + tuple(d for k, d in enumerate(shape) if k != axis), np.float32)
+    unit = float(np.float32(rng.uniform(1e-4, 1e-2)))
+    units = np.float32(rng.uniform(1e-4, 1e-2, len(groups)))
+    slice_units = np.empty(channels, np.float64)
+    for g, idx in enumerate(groups):
+        slice_units[idx] = units[g]
+        cum = np.cumsum(_counts_probabilities(rng, m, hist))
+        k = rng.permutation(np.arange(-12000, 12000))[:m].astype(np.float32)
+        for c in idx:
+            if kind == "channel units":
+                slice_units[c] = float(np.float32(rng.uniform(1e-4, 1e-2)))
+                book = k * np.float32(slice_units[c])
+            else:
+                book = {"units": k * units[g], "lattice": k * np.float32(unit),
+                        "float": (k / 7000).astype(np.float32) ** 3}[kind]
+            moved[c] = book[np.minimum(np.searchsorted(cum, rng.random(moved[c].shape) * cum[-1]), m - 1)]
+    values = np.moveaxis(moved, 0, axis)
+    hint = {"units": slice_units, "channel units": slice_units, "lattice": unit, "float": None}[kind]
+    t = cb.tensor_codes(name, values, hint, forms=forms, unit_axis=axis, channel_groups=ids)
+    return t, np.ascontiguousarray(values).reshape(-1)
+
+
 @functools.lru_cache(maxsize=None)
 def _bank_cases(quick):
     """``(label, [(TensorCodes, values), ...])``: one bank (one write_codebooks) per case (fewer
@@ -359,6 +408,39 @@ def _bank_cases(quick):
             order = str(rng.choice(["random", "first", "middle", "last"]))
             specs.append((n, m, shape, str(rng.choice(["lattice", "float"])), order))
         add(f"random {i}", *specs)
+    # channel groups that are not consecutive (rd.py: channels sorted by RMS, cut into groups of
+    # 2^k): one codebook per group and a channel map, forced or chosen by size, with others in the
+    # bank (a generator of its own: the cases above stay as they were)
+    rng = np.random.default_rng(30 + quick)
+
+    def mapped(label, *specs, others=0):
+        bank = [_mapped_tensor(rng, f"p{j}", *spec) for j, spec in enumerate(specs)]
+        bank += [_tensor(rng, f"w{j}", int(rng.integers(1, 800)), int(rng.integers(1, 60)), "hashed", "lattice",
+                         "random") for j in range(others)]
+        cases.append((f"{label}: " + "; ".join(f"shape={s[0]} axis={s[1]} size={s[2]} m={s[3]} {' '.join(s[4:6])}"
+                                               for s in specs), bank))
+
+    for kind in ("units", "lattice", "float", "channel units"):
+        mapped(f"channel map, Conv, {kind}", ((24, 6, 3, 3), 0, 4, 9, kind))
+        mapped(f"channel map, MatMul, short last group, {kind}", ((20, 27), 1, 4, 5, kind), others=1)
+    mapped("interleaved groups, chosen by size", ((64, 32, 3, 3), 0, 32, 12, "units", "interleaved", "hashed",
+                                                 ("tensor", "groups")))
+    mapped("consecutive groups given as a map", ((30, 8), 0, 8, 6, "units", "consecutive"))
+    mapped("one value per group", ((12, 5), 1, 2, 1, "lattice"), ((9, 4, 2, 2), 0, 3, 1, "float"))
+    mapped("two values per group, dominant", ((16, 40), 0, 4, 2, "units", "permutation", "dominant"))
+    mapped("thousands of values per group", ((16, 1200), 0, 8, 2000, "units", "permutation", "zipf"), others=1)
+    mapped("more than 256 groups: a uint16 map", ((3, 600), 1, 2, 3, "units"))
+    for i in range(2 if quick else 10):  # random shapes, sizes (2^k), kinds and histograms
+        axis = int(rng.integers(2))
+        shape = (int(rng.integers(2, 50)), int(rng.integers(2, 40)))
+        shape = shape + (3, 3) if axis == 0 and rng.random() < 0.5 else shape
+        size = int(rng.choice([1, 2, 4, 8, 16]))
+        m = int(rng.integers(1, 50))
+        kind = str(rng.choice(["units", "lattice", "float", "channel units"]))
+        hist = str(rng.choice(["uniform", "geometric", "dominant", "zipf", "hashed"]))
+        forms = ("map",) if rng.random() < 0.7 else ("tensor", "groups")
+        mapped(f"random mapped {i}", (shape, axis, size, m, kind, "permutation", hist, forms),
+               others=int(rng.integers(2)))
     return cases
 
 
@@ -429,6 +511,27 @@ def test_the_cases_cover_every_grouped_form():
     assert {(False, False, k) for k in ("float32", "units", "lattice")} <= forms
     assert {(True, False, k) for k in ("float32", "units", "lattice")} <= forms
     assert {(False, True, k) for k in ("float32", "units", "lattice")} <= forms
+
+
+def test_the_cases_cover_every_channel_map():
+    """Channel maps (groups that are not consecutive), along the first and the last axis, with
+    int16 tables times a unit per group or one unit, and float32 tables; uint8 and uint16 maps;
+    a map chosen by size; a consecutive grouping given as a map stored without one."""
+    forms, dtypes, chosen, unmapped = set(), set(), 0, 0
+    for label, bank in _bank_cases(False):
+        for t, values in bank:
+            g = t.groups
+            if g is None or g.channel_map is None:
+                unmapped += "consecutive groups given" in label and g is not None and g.size == 8
+                continue
+            table = "float32" if t.lattice is None else "units" if g.units is not None else "lattice"
+            forms.add((g.axis == len(t.shape) - 1, table))
+            dtypes.add(np.dtype(g.map_dtype).name)
+            chosen += "chosen by size" in label
+            per = np.bincount(g.channel_map)  # groups of size channels, the last maybe fewer
+            assert per.max() == g.size and np.sum(per < g.size) <= 1, label
+    assert {(a, k) for a in (False, True) for k in ("float32", "units", "lattice")} <= forms
+    assert dtypes == {"uint8", "uint16"} and chosen == 1 and unmapped == 1
 
 
 @functools.lru_cache(maxsize=None)

@@ -4,6 +4,7 @@ test_codebook.py)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from onnx import helper
 from onnx import numpy_helper as nh
 
@@ -75,15 +76,16 @@ def test_model_with_every_layer_refused_is_unchanged_and_says_why():
     assert report.verify["max_abs_diff"] <= 1e-6  # onnxruntime's own fusions only
 
 
-def test_constant_node_weight_is_hashed():
+@pytest.mark.parametrize("method", ["kde", "rd"])
+def test_constant_node_weight_is_hashed(method):
     g = GraphBuilder(2)
     w = g.weights(64, 32)
     const_out = "wc"
     g.nodes.append(helper.make_node("Constant", [], [const_out], value=nh.from_array(w, "wv")))
     y = g.node("MatMul", ["x", const_out])
     model = g.model(["N", 64], y)
-    result = HashPass(HashConfig()).run(model)
-    assert len(result.layers) == 1 and result.layers[0].method == "kde"
+    result = HashPass(HashConfig(method=method)).run(model)
+    assert len(result.layers) == 1 and result.layers[0].method == method
     hashed = ConstantTensors(result.model).array(const_out)
     assert len(np.unique(hashed)) == result.layers[0].distinct_after < len(np.unique(w))
 
