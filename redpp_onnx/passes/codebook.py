@@ -35,10 +35,11 @@ and 1.2-1.6x its time.
 
 Banks
 -----
-All stored tensors share one decoder (a **bank**): their codes are concatenated, decoded once
-and ``Split`` per tensor, and their rank histograms are pooled for the planner. A bank holds at
-most ``BANK_WEIGHTS`` weights so that bit offsets stay within int32; more weights make more
-banks.
+Stored tensors share decoders (**banks**): a bank's codes are concatenated, decoded once and
+``Split`` per tensor, and its tensors' rank histograms are pooled for the planner. Tensors whose
+histograms differ much (a peaked one and a flat one) get banks of their own when the layouts they
+save pay for the extra decoder (:func:`banks`); a bank holds at most ``BANK_WEIGHTS`` weights so
+that bit offsets stay within int32.
 
 Codebooks: lattice values
 -------------------------
@@ -594,17 +595,67 @@ def refusal(t: TensorCodes) -> Optional[str]:
     return None
 
 
+BANK_COST_BITS = 7200
+"""What one more bank adds to a file beyond its codes: its decoder's nodes and small constants and
+its entry in the map, about 900 bytes (measured: two tiny tensors in two banks instead of one)."""
+
+
 def banks(tensors: Sequence[TensorCodes]) -> List[List[int]]:
-    """Indices of the tensors of each bank (in order, at most ``BANK_WEIGHTS`` weights each)."""
-    out: List[List[int]] = []
-    size = 0
-    for i, t in enumerate(tensors):
-        if not out or size + t.codes.size > BANK_WEIGHTS:
-            out.append([])
-            size = 0
-        out[-1].append(i)
-        size += t.codes.size
-    return out
+    """Indices of the tensors of each bank: tensors whose rank histograms differ (a peaked one,
+    where most weights take the first value, and a flat one) code better with a layout each. The
+    tensors are ordered by the entropy of their ranks; starting from one bank per tensor, the
+    adjacent pair of banks whose merge saves the most bits (pooled layout + ``BANK_COST_BITS`` per
+    bank) is merged while a merge saves any, and no bank exceeds ``BANK_WEIGHTS`` weights. On
+    ResNet-56 hashed per channel group this stores the codes in 0.2-0.3 fewer bits per weight
+    than one pooled layout."""
+    if not tensors:
+        return []
+    hists = [rank_histogram(t.codes, t.n_ranks) for t in tensors]
+
+    def entropy(h):
+        p = h[h > 0] / max(h.sum(), 1)
+        return float(-(p * np.log2(p)).sum())
+
+    order = sorted(range(len(tensors)), key=lambda i: (entropy(hists[i]), i))
+    segs = [[i] for i in order]
+    sizes = [tensors[i].codes.size for i in order]
+    pooled = [hists[i] for i in order]
+
+    def cost(h):
+        return plan_layout(h)[0] + BANK_COST_BITS
+
+    def merged(a, b):
+        h = np.zeros(max(a.size, b.size), np.int64)
+        h[:a.size] += a
+        h[:b.size] += b
+        return h
+
+    costs = [cost(h) for h in pooled]
+    gains = [None] * max(len(segs) - 1, 0)
+
+    def gain(k):
+        if sizes[k] + sizes[k + 1] > BANK_WEIGHTS:
+            return None
+        h = merged(pooled[k], pooled[k + 1])
+        return costs[k] + costs[k + 1] - cost(h), h
+
+    for k in range(len(gains)):
+        gains[k] = gain(k)
+    while gains:
+        best = max((k for k in range(len(gains)) if gains[k] is not None), key=lambda k: gains[k][0], default=None)
+        if best is None or gains[best][0] <= 0:
+            break
+        saved, h = gains[best]
+        segs[best:best + 2] = [segs[best] + segs[best + 1]]
+        sizes[best:best + 2] = [sizes[best] + sizes[best + 1]]
+        pooled[best:best + 2] = [h]
+        costs[best:best + 2] = [costs[best] + costs[best + 1] - saved]
+        del gains[best]
+        if best < len(gains):
+            gains[best] = gain(best)
+        if best > 0:
+            gains[best - 1] = gain(best - 1)
+    return [sorted(seg) for seg in segs]
 
 
 # --------------------------------------------------------------------------- checksum
