@@ -132,18 +132,13 @@ class HashPass:
         from ..runtime import ORT_ERRORS
 
         c = self.config
-        scan = scan_layers(model)
-        macs = {l.node: l.macs for l in scan.layers}
         settings = dict(rd.EFFORTS[c.effort])
         notes = []
-        progress = None
-        if self.progress:
-            progress = lambda k, n, name: self.progress(k, n, name)  # noqa: E731
         out = res = None
         for proxy in rd.PROXIES:
             try:
-                out, res = rd.rd_hash(model, c.budget, target_bits=c.target_bits, proxy=proxy, progress=progress,
-                                      **settings)
+                out, res = rd.rd_hash(model, c.budget, target_bits=c.target_bits, proxy=proxy,
+                                      progress=self.progress, **settings)
                 break
             except rd.SyntheticInputsUnavailable as err:
                 notes.append(f"sensitivity: the synthetic-input measurement cannot feed this model ({err}); "
@@ -155,38 +150,48 @@ class HashPass:
             raise RuntimeError("rate-distortion hashing found no sensitivity it could compute")
         if self.progress:
             self.progress(len(res.layers), len(res.layers), "")
-        rows, units, axes, groups = [], {}, {}, {}
-        for info in res.layers:
-            changed = info.granularity != "unchanged"
-            d = info.to_dict()
-            row = LayerHash(info.name, info.op_type, info.weight, tuple(info.shape), info.params,
-                            macs.get(info.name), "rd" if changed else "unchanged", info.distinct_before,
-                            info.values_kept, float(info.rel_error), granularity=info.granularity,
-                            codebooks=info.codebooks, bits_per_weight=round(d["bits_per_weight"]["entropy"], 4),
-                            sensitivity=info.sensitivity, sensitivity_proxy=info.sensitivity_proxy,
-                            weighted_rel_error=info.weighted_rel_error, predicted_error=info.predicted_error,
-                            correction=info.bias or None)
-            factors = [f for f in info.factors if f > 0]
-            if factors:
-                row.factor = float(np.median(factors))
-            if not changed:
-                row.reasons.append("left as it is: every codebook cost more than the error it would save")
+        result = rd_pass_result(model, out, res)
+        result.rd["effort"] = c.effort
+        result.rd["notes"] = notes
+        return result
+
+
+def rd_pass_result(model: onnx.ModelProto, out: onnx.ModelProto, res) -> HashPassResult:
+    """The :class:`HashPassResult` of ``(out, res) = rd.rd_hash(model, ...)``: a report row per
+    layer, and for the storage the lattice unit of every output channel's codebook (one float
+    when the layer has one grid), its output-channel axis and the channel -> codebook map."""
+    scan = scan_layers(model)
+    macs = {l.node: l.macs for l in scan.layers}
+    rows, units, axes, groups = [], {}, {}, {}
+    for info in res.layers:
+        changed = info.granularity != "unchanged"
+        d = info.to_dict()
+        row = LayerHash(info.name, info.op_type, info.weight, tuple(info.shape), info.params,
+                        macs.get(info.name), "rd" if changed else "unchanged", info.distinct_before,
+                        info.values_kept, float(info.rel_error), granularity=info.granularity,
+                        codebooks=info.codebooks, bits_per_weight=round(d["bits_per_weight"]["entropy"], 4),
+                        sensitivity=info.sensitivity, sensitivity_proxy=info.sensitivity_proxy,
+                        weighted_rel_error=info.weighted_rel_error, predicted_error=info.predicted_error,
+                        correction=info.bias or None)
+        factors = [f for f in info.factors if f > 0]
+        if factors:
+            row.factor = float(np.median(factors))
+        if not changed:
+            row.reasons.append("left as it is: every codebook cost more than the error it would save")
+        else:
+            cu = info.channel_units()
+            if cu is not None and np.all(np.isfinite(cu)) and np.all(cu == cu[0]):
+                units[info.weight] = float(cu[0])
             else:
-                cu = info.channel_units()
-                if cu is not None and np.all(np.isfinite(cu)) and np.all(cu == cu[0]):
-                    units[info.weight] = float(cu[0])
-                else:
-                    units[info.weight] = cu
-                axes[info.weight] = info.axis
-                cg = info.channel_groups()
-                if cg is not None:
-                    groups[info.weight] = cg
-            rows.append(row)
-        summary = {k: v for k, v in res.to_dict().items() if k != "layers"}
-        summary["effort"] = c.effort
-        summary["notes"] = notes
-        return HashPassResult(out, rows, list(scan.refused), lattice_units=units, lattice_axes=axes,
-                              lattice_groups=groups, rd=summary)
+                units[info.weight] = cu
+            axes[info.weight] = info.axis
+            cg = info.channel_groups()
+            if cg is not None:
+                groups[info.weight] = cg
+        rows.append(row)
+    summary = {k: v for k, v in res.to_dict().items() if k != "layers"}
+    return HashPassResult(out, rows, list(scan.refused), lattice_units=units, lattice_axes=axes,
+                          lattice_groups=groups, rd=summary)
 
 
 def _lattice_unit(res) -> Optional[float]:
