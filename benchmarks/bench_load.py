@@ -76,7 +76,7 @@ def _sources_key(*relpaths) -> str:
     return h.hexdigest()[:12]
 
 
-HASH_KEY = ("redpp_onnx/hashing/kde.py", "redpp_onnx/passes/hash.py", "redpp_onnx/config.py")
+HASH_KEY = ("redpp_onnx/hashing/kde.py", "redpp_onnx/hashing/rd.py", "redpp_onnx/passes/hash.py", "redpp_onnx/config.py")
 STORE_KEY = ("redpp_onnx/passes/codebook.py", "redpp_onnx/passes/hash.py")
 
 
@@ -95,13 +95,18 @@ def prepare(name: str, source, cache: Path) -> dict:
         result = HashPass(HashConfig()).run(onnx.load(str(fp32)))
         print(f"{name}: hashed in {time.perf_counter() - t:.0f} s", flush=True)
         onnx.save(result.model, str(hashed))
-        units_path.write_text(json.dumps(result.lattice_units))
+        units_path.write_text(json.dumps({  # per-channel units and channel maps as lists
+            "units": {w: (u.tolist() if isinstance(u, np.ndarray) else u) for w, u in result.lattice_units.items()},
+            "axes": result.lattice_axes,
+            "groups": {w: g.tolist() for w, g in result.lattice_groups.items()}}))
     skey = _sources_key(*STORE_KEY)
     packed = cache / f"{name}.codebook.{hkey}.{skey}.onnx"
     if not packed.is_file():
-        units = json.loads(units_path.read_text())
-        rows = [LayerHash(w, "", w, (), 0, None, "kde", 0, 0, 0.0) for w in units]
-        result = HashPassResult(onnx.load(str(hashed)), rows, [], lattice_units=units)
+        saved = json.loads(units_path.read_text())
+        units = {w: (np.asarray(u, np.float64) if isinstance(u, list) else u) for w, u in saved["units"].items()}
+        rows = [LayerHash(w, "", w, (), 0, None, "rd", 0, 0, 0.0) for w in units]
+        result = HashPassResult(onnx.load(str(hashed)), rows, [], lattice_units=units, lattice_axes=saved["axes"],
+                                lattice_groups={w: np.asarray(g, np.int64) for w, g in saved["groups"].items()})
         t = time.perf_counter()
         store_codebooks(result)  # what compress --codebook does after hashing
         print(f"{name}: codebooks written in {time.perf_counter() - t:.0f} s ({result.codebook_layers} tensors)",

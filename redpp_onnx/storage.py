@@ -4,7 +4,7 @@ A ``--codebook`` model (``redpp_onnx/passes/codebook.py``) is ONE file for two r
 
 * **standard-ops form**: its hashed weights are rebuilt by standard ONNX ops (decoders) whose
   inputs are all constants; any onnxruntime folds them when a session starts. Folding keeps every
-  intermediate tensor until it ends: loading costs 79-107 bytes of peak memory per stored
+  intermediate tensor until it ends: loading costs 78-107 bytes of peak memory per stored
   weight and seconds on large models (docs/HASHING.md, "Storage").
 * **metadata** ``model.metadata_props["redpp.codebook"]``: a JSON map from each stored weight to
   its bank slice, codebook, groups, shape and a checksum of its values. :func:`decode` reads it,
@@ -515,8 +515,8 @@ def materialize(model: onnx.ModelProto) -> onnx.ModelProto:
 
 # --------------------------------------------------------------------------- what a file is
 
-LOAD_COST = {"standard_ops_bytes_per_weight": (79, 107), "fast_path_peak_ratio": (1.33, 1.36),
-             "fast_path_time_ratio": (1.19, 1.57)}
+LOAD_COST = {"standard_ops_bytes_per_weight": (78, 84), "fast_path_peak_ratio": (1.36, 1.45),
+             "fast_path_time_ratio": (1.22, 1.79)}
 """What loading a --codebook model cost in ``benchmarks/bench_load.py`` (docs/HASHING.md,
 "Storage"), on the ResNet-50-sized graph and EfficientNet-Lite0: plain onnxruntime folding the
 decoders, extra peak bytes per stored weight; ``redpp_onnx.session``, peak memory and session

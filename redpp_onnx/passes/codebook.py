@@ -27,7 +27,7 @@ Decoding, for all weights at once (``W, B, P``: per-class tables of ``o_c``, ``b
     code = (win[off/8] / 2^(off%8)) % Gather(P, cls) + Gather(B, cls)
 
 onnxruntime keeps every intermediate tensor of constant folding until it ends: loading costs
-79-107 bytes of memory per stored weight for a moment (benchmarks/bench_load.py). Written into a
+78-107 bytes of memory per stored weight for a moment (benchmarks/bench_load.py). Written into a
 ``ModelProto``, the decoders come with a map (``metadata_props["redpp.codebook"]``, see
 :func:`write_codebooks` and ``redpp_onnx/storage.py``) from which ``redpp_onnx.session`` decodes
 the weights itself, in C++, and loads the model with about 1.35x the fp32 model's peak memory
