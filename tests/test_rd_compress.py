@@ -144,3 +144,12 @@ def test_stored_weights_equal_the_hashed_ones_bit_for_bit(effort):
         assert rc.model["storage"].get("grouped_tensors", 0) >= 1
     else:
         assert grans == {"tensor"}
+
+
+def test_progress_covers_the_sensitivity_and_the_codebooks():
+    seen = []
+    compress(onnx.load(str(DIGITS)), CompressConfig(steps=("hash",), verify=False),
+             progress=lambda i, n, item: seen.append((i, n, item)))
+    items = [x for x in seen if x[2].startswith(("sensitivity", "codebooks"))]
+    assert [i for i, n, _ in items] == list(range(8)) and {n for _, n, _ in items} == {8}  # 4 layers, twice
+    assert items[0][2].startswith("sensitivity") and items[-1][2].startswith("codebooks")

@@ -482,7 +482,7 @@ class Response:
 def sensitivities(model: onnx.ModelProto, views: Sequence[LayerView], proxy: str = "synthetic", *,
                   samples: int = SYNTHETIC_SAMPLES, levels: Sequence[float] = SYNTHETIC_LEVELS, seed: int = 0,
                   gain_correction: bool = True, bias_correction: bool = True, batch: int = 16,
-                  stats: Optional[Sequence[InputStats]] = None) -> List[Response]:
+                  stats: Optional[Sequence[InputStats]] = None, progress=None) -> List[Response]:
     """The :class:`Response` of every layer (module docstring): measured on synthetic inputs at
     each noise level (``"synthetic"``), or linear with the BatchNorm (``"bn"``) or parameter
     count (``"params"``) slope."""
@@ -513,6 +513,8 @@ def sensitivities(model: onnx.ModelProto, views: Sequence[LayerView], proxy: str
     shapes = static_shapes(model)
     out = []
     for k, (v, vin) in enumerate(zip(views, vins)):
+        if progress:
+            progress(k, len(views), v.name)
         energy = v.weighted_energy()
         z = np.random.default_rng([seed, k]).standard_normal(v.rows.shape)
         safe = np.where(v.scale > 0, v.scale, 1.0)
@@ -1069,12 +1071,14 @@ def prepare(model: onnx.ModelProto, *, proxy: str = "synthetic", gain_correction
     t1 = time.perf_counter()
     if responses is None:
         responses = sensitivities(model, views, proxy, seed=seed, gain_correction=gain_correction,
-                                  bias_correction=bias_correction, stats=stats, samples=samples)
+                                  bias_correction=bias_correction, stats=stats, samples=samples,
+                                  progress=(lambda k, n, name: progress(k, 2 * n, f"sensitivity {name}"))
+                                  if progress else None)
     t2 = time.perf_counter()
     cands = []
     for k, (v, vin) in enumerate(zip(views, vins)):
         if progress:
-            progress(k, len(views), v.name)
+            progress(len(views) + k, 2 * len(views), f"codebooks {v.name}")
         cands.append(layer_candidates(v, min_codebook_weights, vin, gain_correction, granularities, group_step))
     t3 = time.perf_counter()
     return RDPlan(views, stats, vins, list(responses), cands, proxy, gain_correction, bias_correction,
