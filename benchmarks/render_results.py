@@ -4,7 +4,8 @@
 
 Sections appear for the result files that exist: hashing.json (results_hashing.py),
 theory.json (bench_theory.py), hashing_speed.json (bench_hashing.py), codebook.json (bench_codebook.py), scale.json (bench_scale.py),
-split_conv_threads.json (bench_split_conv_threads.py), eval_shared.json (eval_shared.py).
+split_conv_threads.json (bench_split_conv_threads.py), eval_shared.json (eval_shared.py),
+rd.json (bench_rd.py).
 """
 
 from __future__ import annotations
@@ -349,6 +350,133 @@ def section_codebook(data) -> list[str]:
     return out + [""]
 
 
+RD_OURS = ("RD hash (ours, thorough)", "RD hash (ours, fast)")
+RD_MODEL_NAMES = {"resnet20": "ResNet-20 (CIFAR-10)", "resnet56": "ResNet-56 (CIFAR-10)",
+                  "efficientnet": "EfficientNet-Lite0 (ImageNet)"}
+
+
+def _bits(x):
+    return "-" if x is None else f"{x:.2f}"
+
+
+def section_rd(data) -> list[str]:
+    models = {k: m for k, m in data["models"].items() if "verdict" in m}  # files bench_rd.py writes now
+    if not models:
+        return []
+    out = ["## Rate-distortion hashing vs baselines (issue 11)", "",
+           "Command: `python benchmarks/bench_rd.py` then `python benchmarks/render_results.py`. Ours: "
+           "`redpp_onnx.hashing.rd` at output-error budgets "
+           f"{', '.join(f'{b:g}' for b in data.get('budgets', []))}, with the presets of `rd.EFFORTS`: "
+           "**thorough** (every granularity, 64 synthetic samples, three refinement rounds) and **fast** (one "
+           "codebook per tensor, 8 samples, one round; the default of `redpp-onnx compress`, whose default budget "
+           "is 0.1). Baselines (`redpp_onnx.hashing.baselines`): uniform symmetric/asymmetric per tensor/per channel "
+           "3-8 bits, k-means per tensor K 8-256 and per output channel K 4-32, fp16, each also with the same "
+           "data-free gain and bias corrections as ours (\"+ corr.\"); plus the two baselines a user can get as "
+           "real files, onnxruntime's `quantize_dynamic` (int8 weights, 4 variants) and fp16 weights with a Cast "
+           "(`benchmarks/_real_baselines.py`). Top-1 on the exact data (CIFAR-10 exact 1,017-image subset, "
+           "ImageNet 1,000-image sample), onnxruntime with one thread.", "",
+           "Two kinds of bits per eligible weight (Conv group 1, Gemm, MatMul with a constant weight): "
+           "**counted** = the zeroth-order entropy (or fixed length) of the codes plus the tables, no file "
+           "format (`baselines.stored_bits`, the same code for every method); **file** = REAL file bytes, "
+           "`(file bytes - (original file bytes - 4 × eligible weights)) × 8 / eligible weights` "
+           "(`compress.set_file_bits`), for ours as `redpp-onnx compress` writes it (`store_codebooks`: codebooks, "
+           "prefix codes and their decoders; the same bytes, checked by `tests/test_bench_rd_files.py`, and each "
+           "file decodes to exactly the evaluated weights) and for the `quantize_dynamic` / fp16 files. The "
+           "uniform / k-means baselines have no real tool: they are compared by their COUNTED entropy bits, an "
+           "ideal entropy coder with a free file format, which favours them.", ""]
+    for key, m in models.items():
+        name = RD_MODEL_NAMES.get(key, key)
+        ref, bar = m["original_top1"], m["bar_points"]
+        out += [f"### {name}", "",
+                f"Original top-1 {_pct(ref)} % (n = {m['n']}); bar: within {bar} points; "
+                f"{m['eligible_weights']:,} eligible weights in {m['eligible_layers']} layers; original file "
+                f"{m.get('original_file_bytes', 0):,} bytes"
+                + (f"; RD budgets run for this model: {', '.join(f'{b:g}' for b in m['budgets'])}"
+                   if m.get("budgets") and m["budgets"] != data.get("budgets") else "")
+                + ". Per method family, the setting with the fewest bits within the bar (real file bits where the "
+                "family is a real file, else counted entropy bits):", "",
+                "| family | setting | counted entropy bits | counted fixed bits | real file bits | file ratio | "
+                "top-1 % | drop (points) |",
+                "|---|---|---:|---:|---:|---:|---:|---:|"]
+        head = m.get("headline", {})
+        fams = [f for f in RD_OURS if f in head] + sorted(
+            (f for f, r in head.items() if not r["ours"]), key=lambda f: head[f]["bits"])
+        for f in fams:
+            r = head[f]
+            ours = r["ours"]
+            label = f"**{f}**" if ours else f
+            file_bits = _bits(r.get("file_bits"))
+            setting = r["setting"][len(f):].strip() if r["setting"].startswith(f + " ") else r["setting"]
+            out.append(f"| {label} | {setting} | {_bits(r.get('entropy_bits'))} | {_bits(r.get('fixed_bits'))} | "
+                       f"{'**' + file_bits + '**' if ours else file_bits} | "
+                       f"{_g(r.get('file_ratio'), '{:.2f}x')} | "
+                       f"{_pct(r['top1'])} | {100 * (ref - r['top1']):+.2f} |")
+        missing = [f for f in RD_OURS if f not in head and any(x["family"] == f for x in m["rows"])]
+        for f in missing:
+            out.append(f"| **{f}** | no setting within the bar | - | - | - | - | - | - |")
+        out.append("")
+        for fam, v in m.get("verdict", {}).items():
+            real, counted = v.get("real"), v.get("counted")
+            text = f"- **{fam}**: "
+            if real:
+                text += (f"{real['ours_bits']:.2f} real file bits vs the best baseline, {real['best_baseline_family']} "
+                         f"({real['best_baseline_setting']}), at {real['best_baseline_bits']:.2f} "
+                         f"{'real file' if real['best_baseline_bits_kind'] == 'file' else 'counted entropy'} bits: "
+                         + ("**beats every baseline family**" if real["beats_every_baseline"]
+                            else "**does not beat every baseline family**"))
+            if counted:
+                text += (f"; counted against counted: {counted['ours_bits']:.2f} vs {counted['best_baseline_bits']:.2f} "
+                         f"({counted['best_baseline_family']}), "
+                         + ("ahead" if counted["beats_every_baseline"] else "not ahead"))
+            out.append(text + ".")
+        over = [r["file_bits_per_eligible_weight"] - r["entropy_bits"] for r in m["rows"]
+                if r["family"] in RD_OURS and r.get("file_bits_per_eligible_weight") is not None]
+        if over:
+            out.append(f"- Ours, real file against counted entropy: {min(over):+.2f} to {max(over):+.2f} bits per "
+                       "eligible weight over every budget and both efforts: the prefix code's class field has a fixed "
+                       "width, most costly at low entropies, plus the decoders and the map "
+                       "([docs/HASHING.md](HASHING.md), \"How far from the entropy\").")
+        default = next((r for r in m["rows"] if r["family"] == RD_OURS[1] and r.get("budget") == 0.1), None)
+        thorough = next((r for r in m["rows"] if r["family"] == RD_OURS[0] and r.get("budget") == 0.1), None)
+        if default is not None:
+            out += ["", "The default of `redpp-onnx compress` (fast, budget 0.1) and thorough at the same budget:", "",
+                    "| effort | counted entropy bits | real file bits | file bytes | file ratio | top-1 % | drop (points) "
+                    "| hashing s |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+            for eff, r in (("fast (default)", default), ("thorough", thorough)):
+                if r is None:
+                    continue
+                prep = m.get("timings", {}).get(f"rd_prepare_{r.get('effort')}") or {}
+                out.append(f"| {eff} | {_bits(r['entropy_bits'])} | {_bits(r.get('file_bits_per_eligible_weight'))} | "
+                           f"{_g(r.get('file_bytes'), '{:,}')} | {_g(r.get('file_ratio'), '{:.2f}x')} | "
+                           f"{_pct(r['top1'])} | {100 * (ref - r['top1']):+.2f} | "
+                           f"{sum(prep.values()) + r['hash_seconds']:.0f} |")
+            out += ["", "Hashing s: preparing the plan (sensitivities, candidates) plus this budget's allocation, "
+                        "in the benchmark process, which may share the 2-core machine with other runs: indicative only "
+                        "(`rd.EFFORTS` quotes times measured alone)."]
+        out += ["", f"![{name}: top-1 vs bits](figures/rd_{Path(m['model']).stem}.png)", ""]
+    after = {k: m["after_hashing"] for k, m in models.items() if m.get("after_hashing")}
+    if after:
+        out += ["### Merge and split after RD hashing (issue 11, point 5)", "",
+                "Exact merge (`MergePass(MergeConfig())`, α = 0) then the split analysis (`SplitPass(SplitConfig("
+                "mode=\"auto\"))`) on the hashed model, as `compress` runs them after hashing; next to the same numbers "
+                "for the old default hashing (per-layer KDE within ε = 0.01, `HashConfig(method=\"kde\")`). Kernels: "
+                "per Conv layer C_in × C_out, summed over the Conv layers of the model; unique = distinct non-zero "
+                "kernels per input channel (what SplitConv would compute), zero = all-zero kernels; \"all layers\" also "
+                "counts Gemm/MatMul scalars as the split pass does. Merging is exact: the function is unchanged.", "",
+                "| model | hashing | setting | top-1 % | real file bits | channels merged | conv kernels unique % | "
+                "conv kernels zero % | all layers unique % | layers `--split auto` rewrites |",
+                "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for key, a in after.items():
+            for label, e in a.items():
+                c, al = e["split"]["convs"], e["split"]["all"]
+                out.append(f"| {RD_MODEL_NAMES.get(key, key)} | {label} | {e['setting']} | {_pct(e.get('top1'))} | "
+                           f"{_bits(e.get('file_bits_per_eligible_weight'))} | {e['merge']['channels_removed']} | "
+                           f"{_pct(c['unique_fraction'])} | {_pct(c['zero_fraction'])} | {_pct(al['unique_fraction'])} | "
+                           f"{e['split']['layers_split_auto']} |")
+        out.append("")
+    return out
+
+
 def section_scale(data) -> list[str]:
     rows = data["rows"]
     out = ["## The whole command on a ResNet-50-sized model", "",
@@ -404,6 +532,7 @@ def main(argv=None):
              "[docs/HASHING.md](HASHING.md) and [docs/MERGE_SPLIT.md](MERGE_SPLIT.md).", ""]
     for name, render in (("hashing.json", section_hashing), ("theory.json", section_theory),
                          ("hashing_speed.json", section_speed), ("codebook.json", section_codebook),
+                         ("rd.json", section_rd),
                          ("scale.json", section_scale),
                          ("merge.json", section_merge),
                          ("ablation.json", section_ablation), ("relaxed.json", section_relaxed),
