@@ -82,7 +82,7 @@ setup(
         Pybind11Extension(
             "redpp_onnx._core",
             sources=["csrc/module.cc", "csrc/split_conv.cc"],
-            depends=["csrc/split_conv.h", "csrc/split_conv_kernels.inc"],
+            depends=["csrc/split_conv.h", "csrc/split_conv_kernels.inc", "csrc/rans.h"],
             extra_compile_args=CXX_FLAGS,
             cxx_std=17,
         ),

@@ -8,6 +8,9 @@
 //   decode_bank() the --codebook storage's two-part prefix codes decoded into float32 weights,
 //                 bit for bit what the model's standard-ops decoder computes, with a checksum
 //                 per tensor (redpp_onnx/storage.py, the format in redpp_onnx/passes/codebook.py).
+//   rans_encode() / rans_decode()  the compact storage form's static rANS codes (csrc/rans.h,
+//                 redpp_onnx/compact.py): ranks to words, and words to float32 weights with the
+//                 same checksum as decode_bank.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -19,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "rans.h"
 #include "split_conv.h"
 #include "split_conv_contract.h"
 
@@ -400,6 +404,98 @@ py::int_ Checksum(const py::array& values) {
   return Checksum128(s1, s2);
 }
 
+
+// ---------------------------------------------------------------------------- compact form (rANS)
+
+redpp::rans::Layout RansLayout(int64_t outer, int64_t channels, int64_t inner, const Array<int32_t>& channel_model) {
+  if (channels < 1 || channel_model.size() != channels)
+    throw py::value_error("rans: channel_model must have one entry per channel");
+  redpp::rans::Layout l;
+  l.outer = outer;
+  l.channels = channels;
+  l.inner = inner;
+  l.channel_model = channel_model.data();
+  return l;
+}
+
+redpp::rans::Models RansModels(const Array<uint32_t>& freqs, const Array<int64_t>& starts, int scale_bits) {
+  if (starts.ndim() != 1 || starts.size() < 2) throw py::value_error("rans: starts needs at least 2 entries");
+  return redpp::rans::Models(freqs.data(), starts.data(), size_t(starts.size() - 1), size_t(freqs.size()), scale_bits);
+}
+
+py::array_t<uint8_t> RansEncode(const Array<uint16_t>& symbols, const Array<uint32_t>& freqs,
+                                const Array<int64_t>& starts, int scale_bits, int64_t outer, int64_t channels,
+                                int64_t inner, const Array<int32_t>& channel_model) {
+  std::vector<uint32_t> words;
+  try {
+    auto models = RansModels(freqs, starts, scale_bits);
+    auto layout = RansLayout(outer, channels, inner, channel_model);
+    if (layout.count() != symbols.size()) throw std::invalid_argument("rans: symbols do not fill the shape");
+    py::gil_scoped_release release;
+    words = redpp::rans::Encode(symbols.data(), layout, models);
+  } catch (const std::invalid_argument& err) {
+    throw py::value_error(err.what());
+  }
+  py::array_t<uint8_t> out(py::ssize_t(words.size() * 4));
+  std::memcpy(out.mutable_data(), words.data(), words.size() * 4);  // little-endian (checked by the decoder)
+  return out;
+}
+
+py::int_ RansDecode(const py::array& stream, const Array<uint32_t>& freqs, const Array<int64_t>& starts,
+                    int scale_bits, int64_t outer, int64_t channels, int64_t inner,
+                    const Array<int32_t>& channel_model, const py::array& out, const py::array& table,
+                    const Array<int32_t>& channel_base, const Array<int32_t>& channel_count,
+                    const std::optional<py::array>& channel_unit) {
+  {
+    const uint16_t probe = 1;
+    uint8_t first;
+    std::memcpy(&first, &probe, 1);
+    if (first != 1) throw py::value_error("rans_decode: needs a little-endian machine");
+  }
+  const uint8_t* bytes = Data<uint8_t>(stream, "stream", 0);
+  if (stream.size() % 4) throw py::value_error("rans_decode: a stream of whole 32-bit words");
+  std::vector<uint32_t> words(size_t(stream.size() / 4));
+  std::memcpy(words.data(), bytes, words.size() * 4);
+  if (!py::isinstance<py::array_t<float>>(out) || !(out.flags() & py::array::c_style) || !out.writeable())
+    throw py::value_error("rans_decode: out must be a writeable C-contiguous float32 array");
+  float* dst = static_cast<float*>(py::array(out).mutable_data());
+  const float* tab = Data<float>(table, "table", 1);
+  const int64_t table_size = int64_t(table.size());
+  if (channel_base.size() != channels || channel_count.size() != channels)
+    throw py::value_error("rans_decode: channel_base and channel_count need one entry per channel");
+  const int32_t* base = channel_base.data();
+  const int32_t* limit = channel_count.data();
+  for (int64_t c = 0; c < channels; ++c)
+    if (base[c] < 0 || limit[c] < 0 || int64_t(base[c]) + limit[c] > table_size)
+      throw py::value_error("rans_decode: a channel's codebook is outside the table");
+  const float* unit = nullptr;
+  if (channel_unit) unit = Data<float>(*channel_unit, "channel_unit", size_t(channels));
+  uint64_t s1 = 0, s2 = 0;
+  try {
+    auto models = RansModels(freqs, starts, scale_bits);
+    auto layout = RansLayout(outer, channels, inner, channel_model);
+    if (layout.count() != out.size()) throw std::invalid_argument("rans: out does not have the shape's size");
+    py::gil_scoped_release release;
+    bool bad = false;
+    redpp::rans::Decode(words.data(), words.size(), layout, models, [&](int64_t i, int64_t ch, uint32_t rank) {
+      if (int64_t(rank) >= limit[ch]) {
+        bad = true;
+        rank = 0;
+      }
+      const float v = unit ? tab[base[ch] + rank] * unit[ch] : tab[base[ch] + rank];
+      dst[i] = v;
+      uint32_t b;
+      std::memcpy(&b, &v, 4);
+      s1 += b;
+      s2 += s1;
+    });
+    if (bad) throw std::invalid_argument("rans: a code outside its channel's codebook");
+  } catch (const std::invalid_argument& err) {
+    throw py::value_error(err.what());
+  }
+  return Checksum128(s1, s2);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -452,6 +548,17 @@ PYBIND11_MODULE(_core, m) {
         "channel_base int32, channel_unit float32 or None), in bank order; out is written). Returns each job's "
         "checksum (redpp_onnx.passes.codebook.checksum of out). Raises ValueError on inconsistent input; never "
         "reads outside the arrays.");
+  m.def("rans_encode", &RansEncode, py::arg("symbols"), py::arg("freqs"), py::arg("starts"),
+        py::arg("scale_bits"), py::arg("outer"), py::arg("channels"), py::arg("inner"), py::arg("channel_model"),
+        "Static rANS code of uint16 ranks (flat order; symbol i in channel (i // inner) % channels, coded with "
+        "model channel_model[channel]: frequencies freqs[starts[m]:starts[m+1]] summing to 2^scale_bits). Returns "
+        "the stream's bytes (uint8). Raises ValueError on a symbol outside its model or of frequency 0.");
+  m.def("rans_decode", &RansDecode, py::arg("stream"), py::arg("freqs"), py::arg("starts"), py::arg("scale_bits"),
+        py::arg("outer"), py::arg("channels"), py::arg("inner"), py::arg("channel_model"), py::arg("out"),
+        py::arg("table"), py::arg("channel_base"), py::arg("channel_count"), py::arg("channel_unit") = py::none(),
+        "Decode a rans_encode stream into out (float32): weight i = table[channel_base[ch] + rank] "
+        "(* channel_unit[ch]). Returns the checksum of out. Raises ValueError on a corrupted, short or long "
+        "stream or a rank outside its channel's channel_count values.");
   m.def("checksum", &Checksum, py::arg("values"),
         "redpp_onnx.passes.codebook.checksum of a C-contiguous float32 array, in C++.");
 }

@@ -90,7 +90,7 @@ def _compress(model, config: CompressConfig, *, progress, file_bytes_before, plo
     if config.codebook and hashed is not None:  # they only change how the same weights are stored
         hashed.model = out
         _phase(progress, "codebooks")
-        store_codebooks(hashed)
+        store_codebooks(hashed, config.storage)
         out = hashed.model
     storage_info = storage.describe(out) if hashed is not None and hashed.codebook_layers else None
     try:

@@ -98,6 +98,8 @@ class CompressConfig:
     max_drop: float = 0.3            # calibrate: largest top-1 drop allowed, in points
     codebook: bool = True       # store hashed weights as codebooks + prefix codes (decoders + a map for the fast
     #                             load path of redpp_onnx.session); only when the hash step runs
+    storage: str = "standard"   # codebook storage form: "standard" (standard-ops decoders, any onnxruntime) or
+    #                             "compact" (rANS codes, loaded by redpp-onnx only; redpp_onnx/compact.py)
     verify: bool = True         # seeded random inputs through the original and the output
     verify_batch: int = 2
     seed: int = 0
@@ -118,6 +120,8 @@ class CompressConfig:
                              f"{', '.join(AVAILABLE_STEPS)})")
         if not steps:
             raise RedppError("no step chosen (--steps)")
+        if self.storage not in ("standard", "compact"):
+            raise RedppError(f"unknown storage form {self.storage!r}: standard or compact")
         if self.calibrate and "merge" not in steps:
             raise RedppError("--calibrate chooses the merge α: it needs the merge step")
         if not isinstance(self.verify_batch, int) or self.verify_batch < 1:

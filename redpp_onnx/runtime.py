@@ -12,6 +12,8 @@ import onnx
 import onnxruntime as ort
 from google.protobuf.message import DecodeError
 
+from .errors import RedppError
+
 LOG_SEVERITY = 3
 """onnxruntime's log level for the sessions made here: 3 = errors only (onnxruntime warns about
 harmless things, e.g. unused constants). The CLI sets 4 (fatal only): it reports onnxruntime's
@@ -84,6 +86,11 @@ def session(model: Union[str, os.PathLike, bytes, onnx.ModelProto], providers=No
     return sess
 
 
+class CompactError(RedppError):
+    """A compact-form model (``--storage compact``) whose weights do not decode: it cannot be
+    loaded (the file is damaged or was edited)."""
+
+
 class CodebookWarning(UserWarning):
     """A ``--codebook`` model's map was refused: its standard-ops form is loaded instead."""
 
@@ -128,23 +135,28 @@ class DecodedSession(ort.InferenceSession):
 
 
 def _decoded_session(src, providers, options) -> tuple:
-    """``(session, None)``: the fast-path session of a --codebook model with a map; ``(None,
-    None)``: no map; ``(None, reason)``: the map was refused (with a warning)."""
+    """``(session, None)``: the fast-path session of a --codebook model with a map, or of a
+    compact-form model; ``(None, None)``: neither; ``(None, reason)``: the map was refused (with a
+    warning). A compact-form model that does not decode raises :class:`CompactError`: it has no
+    other form to load."""
     from . import storage
 
-    text = storage.peek_metadata(src)
-    if text is None:
+    form, text = storage.peek_form(src)
+    if form is None:
         return None, None
     where = src if isinstance(src, str) else "the model"
 
     def decoded():
-        return storage.decode(storage.load_model(src), text)
+        model = storage.load_model(src)
+        return storage.decode(model, None if form == "compact" else text)
 
     try:
         first = decoded()
     except storage.StaleMap as err:  # a tool folded the decoders and kept the map: load as is
         return None, str(err)
     except (storage.StorageError, OSError, ValueError, DecodeError) as err:
+        if form == "compact":
+            raise CompactError(f"{where}: the compact-form weights cannot be decoded ({err})") from None
         return _refused(where, str(err))
     small = first.model.SerializeToString()
     info = LoadInfo("decoded", first.stored_weights, first.seconds)
@@ -162,7 +174,10 @@ def _decoded_session(src, providers, options) -> tuple:
     try:
         return DecodedSession(small, build_options, providers or ["CPUExecutionProvider"], info), None
     except ORT_ERRORS as err:
-        return _refused(where, f"onnxruntime refused the decoded graph ({' '.join(str(err).split())[:300]})")
+        reason = f"onnxruntime refused the decoded graph ({' '.join(str(err).split())[:300]})"
+        if form == "compact":
+            raise CompactError(f"{where}: {reason}") from None
+        return _refused(where, reason)
 
 
 def _refused(where, reason: str) -> tuple:

@@ -395,7 +395,7 @@ class TensorCodes:
 
 
 def tensor_codes(name: str, values: np.ndarray, unit, *, forms: Sequence[str] = ("tensor", "groups"),
-                 unit_axis: int = 0, channel_groups=None) -> TensorCodes:
+                 unit_axis: int = 0, channel_groups=None, coder: str = "prefix") -> TensorCodes:
     """:class:`TensorCodes` of a tensor's current values, in the form that stores them in the
     fewest bits: one codebook for the tensor, or one per group of 1, 2, 4 ... 64 consecutive
     slices along the first or the last axis (output channels of Conv, Gemm, MatMul weights), or
@@ -415,7 +415,12 @@ def tensor_codes(name: str, values: np.ndarray, unit, *, forms: Sequence[str] = 
     channels (all of one size but the last) is that consecutive form, without a map.
     ``forms``: ``"tensor"``, ``"groups"`` (consecutive groups, and the ``channel_groups``
     grouping when given), ``"map"`` (the ``channel_groups`` grouping alone). Raises ValueError
-    when ``channel_groups`` does not have one integer id per slice."""
+    when ``channel_groups`` does not have one integer id per slice.
+
+    ``coder``: the cost the forms are compared by: ``"prefix"`` (the standard-ops form's codes
+    and decoders) or ``"rans"`` (the compact form: entropy plus models, tables, no decoders)."""
+    if coder not in CODERS:
+        raise ValueError(f"coder {coder!r}: one of {', '.join(CODERS)}")
     values = np.ascontiguousarray(values, np.float32)
     slice_units = None
     if unit is not None and np.ndim(unit) == 1:
@@ -433,16 +438,19 @@ def tensor_codes(name: str, values: np.ndarray, unit, *, forms: Sequence[str] = 
         best = None
     mapped = channel_map is not None and ("groups" in forms or "map" in forms)
     if ("groups" in forms or mapped) and values.ndim >= 2 and codebook.size <= (1 << MAX_FIELD_BITS):
-        bound = best.table_bits() + _code_bits(codes, codebook.size) if best is not None else None
+        bound = None
+        if best is not None:
+            bound = (best.table_bits() + _code_bits(codes, codebook.size) if coder == "prefix"
+                     else 8 * best.codebook_bytes() + _code_bits(codes, codebook.size, "rans"))
         if "groups" in forms:
             for axis in sorted({0, values.ndim - 1}):
                 units = slice_units if slice_units is not None and axis == unit_axis % values.ndim else None
-                cand = _grouped(name, values.shape, codebook, codes, lattice, unit, axis, units, bound)
+                cand = _grouped(name, values.shape, codebook, codes, lattice, unit, axis, units, bound, coder=coder)
                 if cand is not None:
                     best, bound = cand
         if mapped:
             cand = _grouped(name, values.shape, codebook, codes, lattice, unit, unit_axis % values.ndim,
-                            slice_units, bound, channel_map)
+                            slice_units, bound, channel_map, coder=coder)
             if cand is not None:
                 best, bound = cand
     if best is None:
@@ -471,17 +479,35 @@ def _canonical_map(ids, channels: int) -> Tuple[int, Optional[np.ndarray]]:
     return int(per.max()), canon
 
 
-def _code_bits(codes: np.ndarray, n_values: int) -> int:
-    return plan_layout(rank_histogram(codes, n_values))[0]
+RANS_MODEL_ENTRY_BITS = 16
+"""The compact form (``redpp_onnx/compact.py``): what one frequency of an rANS model costs in the
+file (uint16 or uint32 frequencies, zlib'd with the other tables: 9-16 bits measured)."""
+CODERS = ("prefix", "rans")
 
 
-def _grouped(name, shape, book, codes, lattice, unit, axis, slice_units, bound, channel_map=None):
+def _entropy_bits(hist: np.ndarray) -> float:
+    h = np.asarray(hist, np.float64)
+    h = h[h > 0]
+    return float(np.sum(h * np.log2(h.sum() / h))) if h.size else 0.0
+
+
+def _code_bits(codes: np.ndarray, n_values: int, coder: str = "prefix") -> float:
+    hist = rank_histogram(codes, n_values)
+    if coder == "rans":
+        return _entropy_bits(hist) + RANS_MODEL_ENTRY_BITS * hist.size
+    return plan_layout(hist)[0]
+
+
+def _grouped(name, shape, book, codes, lattice, unit, axis, slice_units, bound, channel_map=None, coder="prefix"):
     """``(TensorCodes, bits)`` of the grouped form along ``axis`` whose group size stores the
     tensor in the fewest bits, when fewer than ``bound`` (None: any); else None. A group size
     whose lower bound (the codes' conditional entropy given the group, which no prefix code of
     the pooled ranks beats, plus 16 bits an entry) is not below ``bound`` is not planned.
     ``channel_map``: a ``(size, map)`` of :func:`_canonical_map`, the one grouping tried instead
-    of the consecutive sizes."""
+    of the consecutive sizes. ``coder="rans"``: the compact form's cost instead (the codes'
+    entropy, pooled or given the group, whichever is smaller with its models' frequencies; no
+    decoder graph)."""
+    graph_bits = GROUP_GRAPH_BITS if coder == "prefix" else 0
     n, m = codes.size, book.size
     outer, channels = int(np.prod(shape[:axis], dtype=np.int64)), int(shape[axis])
     inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
@@ -532,10 +558,10 @@ def _grouped(name, shape, book, codes, lattice, unit, axis, slice_units, bound, 
             ggroup, gvalue = ukeys // m, ukeys % m
         else:
             inv, gcounts, ggroup, gvalue = None, counts, group, pair_value
-        if bound is not None:
+        if bound is not None or coder == "rans":
             totals = np.bincount(ggroup, weights=gcounts, minlength=n_groups)
             entropy = float(np.sum(gcounts * np.log2(totals[ggroup] / gcounts)))
-            if (entropy + 16 * gcounts.size + GROUP_GRAPH_BITS) * (1 - 1e-9) >= bound:
+            if bound is not None and (entropy + 16 * gcounts.size + graph_bits) * (1 - 1e-9) >= bound:
                 continue
         order = np.lexsort((book_bits[gvalue], book[gvalue], -gcounts, ggroup))  # per group, most frequent first
         sizes = np.bincount(ggroup, minlength=n_groups).astype(np.int64)
@@ -553,7 +579,11 @@ def _grouped(name, shape, book, codes, lattice, unit, axis, slice_units, bound, 
         groups = Groups(axis, outer, channels, inner, size, sizes, group_units if k is not None else None, cmap)
         hist = np.bincount(rank_sorted, weights=gcounts[order], minlength=int(sizes.max())).astype(np.int64)
         t = TensorCodes(name, tuple(shape), table, np.empty(0, np.int64), k, table_unit, groups)
-        bits = plan_layout(hist)[0] + t.table_bits()
+        if coder == "rans":
+            bits = min(entropy + RANS_MODEL_ENTRY_BITS * gcounts.size,
+                       _entropy_bits(hist) + RANS_MODEL_ENTRY_BITS * hist.size) + 8 * t.codebook_bytes()
+        else:
+            bits = plan_layout(hist)[0] + t.table_bits()
         if bound is None or bits < bound:
             bound = bits
             rank = np.empty(order.size, np.int64)
@@ -904,13 +934,13 @@ def write_codebooks(target, tensors: Sequence[TensorCodes], opset: int) -> Dict[
 
 # --------------------------------------------------------------------------- the metadata
 
-def set_metadata(model: onnx.ModelProto, value: Optional[str]) -> None:
-    """Set (or with None remove) ``model.metadata_props[METADATA_KEY]``."""
-    keep = [p for p in model.metadata_props if p.key != METADATA_KEY]
+def set_metadata(model: onnx.ModelProto, value: Optional[str], key: str = METADATA_KEY) -> None:
+    """Set (or with None remove) ``model.metadata_props[key]``."""
+    keep = [p for p in model.metadata_props if p.key != key]
     del model.metadata_props[:]
     model.metadata_props.extend(keep)
     if value is not None:
-        model.metadata_props.add(key=METADATA_KEY, value=value)
+        model.metadata_props.add(key=key, value=value)
 
 
 def decoder_digest(nodes: Sequence[onnx.NodeProto], inits: Dict[str, onnx.TensorProto], meta: dict) -> str:

@@ -200,7 +200,12 @@ def _lattice_unit(res) -> Optional[float]:
     return grid_step(bandwidth) / 2 if bandwidth else None
 
 
-def store_codebooks(result: HashPassResult) -> None:
+STORAGE_FORMS = ("standard", "compact")
+"""How ``store_codebooks`` writes the codes: decoders of standard ONNX ops any onnxruntime folds
+(plus a map for redpp-onnx's fast load), or entropy codes only redpp-onnx decodes."""
+
+
+def store_codebooks(result: HashPassResult, form: str = "standard") -> None:
     """Store each hashed weight that is still a plain constant of ``result.model`` as a codebook
     and escape-coded codes (in place, ``codebook.py``). Run it last: later passes need plain
     constant weights. The codebook is built from the tensor's current values (merging may have
@@ -209,12 +214,17 @@ def store_codebooks(result: HashPassResult) -> None:
     ``result.lattice_units[w]``: one float, None, or one unit per slice along
     ``result.lattice_axes.get(w, 0)``; ``result.lattice_groups.get(w)``: the channel groups the
     weight was hashed with (one id per slice along that axis), tried as one more grouped form
-    (ignored when its length is not the tensor's channel count)."""
+    (ignored when its length is not the tensor's channel count).
+
+    ``form``: ``"standard"`` (decoders of standard ops plus the map, ``codebook.py``) or
+    ``"compact"`` (rANS codes decoded by redpp-onnx, ``redpp_onnx/compact.py``)."""
+    if form not in STORAGE_FORMS:
+        raise ValueError(f"storage form {form!r}: one of {', '.join(STORAGE_FORMS)}")
     model = result.model
     rows = {row.weight: row for row in result.layers}
     consts = ConstantTensors(model)
     todo = [w for w in result.lattice_units if w in consts]
-    if todo and opset_version(model) < MIN_OPSET:
+    if todo and form == "standard" and opset_version(model) < MIN_OPSET:
         for w in todo:
             rows[w].reasons.append(f"codebook storage needs opset >= {MIN_OPSET}; weights stored plainly")
         return
@@ -225,7 +235,8 @@ def store_codebooks(result: HashPassResult) -> None:
         groups = result.lattice_groups.get(w)
         if groups is not None and (values.ndim < 2 or np.size(groups) != values.shape[axis % values.ndim]):
             groups = None  # not this tensor's channels (a later pass reshaped it)
-        t = tensor_codes(w, values, result.lattice_units[w], unit_axis=axis, channel_groups=groups)
+        t = tensor_codes(w, values, result.lattice_units[w], unit_axis=axis, channel_groups=groups,
+                         coder="rans" if form == "compact" else "prefix")
         why = refusal(t)
         if why is None:
             tensors.append(t)
@@ -236,13 +247,25 @@ def store_codebooks(result: HashPassResult) -> None:
     backup = onnx.GraphProto()
     backup.CopyFrom(model.graph)
     size_before = model.ByteSize()
+    opsets = [onnx.OperatorSetIdProto(domain=o.domain, version=o.version) for o in model.opset_import]
     for t in tensors:
         _remove_constant(model, t.name)
-    stored = write_codebooks(model, tensors, opset_version(model))  # + the map of metadata_props (storage.py)
+    if form == "compact":
+        from .. import compact
+
+        stored = {name: (bits, None) for name, bits in compact.write(model, tensors).items()}
+    else:
+        stored = write_codebooks(model, tensors, opset_version(model))  # + the map of metadata_props (storage.py)
     grown = model.ByteSize() - size_before
     if grown >= 0:  # tiny tensors: the decoder costs more than the codes save
         model.graph.CopyFrom(backup)
         set_metadata(model, None)
+        if form == "compact":
+            from .. import compact
+
+            compact.set_metadata(model, None)
+            del model.opset_import[:]
+            model.opset_import.extend(opsets)
         for t in tensors:
             rows[t.name].reasons.append(f"codebook storage would make the file {grown} bytes larger (the decoder "
                                         "costs more than the codes save); stored plainly")
