@@ -88,8 +88,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "redpp_onnx.session(), eval and bench load it; `redpp-onnx expand` writes a plain copy)")
     c.add_argument("--include-depthwise", action="store_true", help="also hash grouped and depthwise convolutions")
     c.add_argument("--alpha", type=float, default=0.0,
-                   help="merge: 0 merges identical neurons only (exact, default); > 0 merges neurons closer than "
-                        "the α-percentile of their distances into barycenters (changes the function)")
+                   help="merge: 0 merges identical neurons only (exact, default); > 0 removes about that share of "
+                        "each layer's channels (--merge-strategy), pruned or merged into a scaled partner with "
+                        "their mean compensated, data-free (changes the function)")
+    c.add_argument("--target-macs", type=float, metavar="F",
+                   help="merge: keep at most the share F of the eligible MACs (e.g. 0.8), removing the channels "
+                        "whose predicted output cost per MAC saved is smallest, at most half of any layer's "
+                        "(data-free; changes the function; runs before hashing)")
+    c.add_argument("--merge-rule", choices=("redpp", "percentile"), default="redpp",
+                   help="merge with --alpha > 0: redpp (default, above) or percentile (the old rule: channels "
+                        "closer than the α-percentile of their distances become barycenters; for comparison)")
     c.add_argument("--merge-strategy", default="per_block", choices=("per_block", "uniform"),
                    help="per-layer α: per_block (paper's appendix: 2α-1 / α / 2α by thirds) or uniform")
     c.add_argument("--calibrate", metavar="DATA.npz",
@@ -188,7 +196,8 @@ def _compress(args) -> int:
                         nms_radius=args.nms_radius, snap_zero=args.snap_zero, uniform_int8=args.uniform_int8,
                         include_depthwise=args.include_depthwise, budget=args.budget, target_bits=args.target_bits,
                         effort=args.effort),
-        merge=MergeConfig(alpha=args.alpha, strategy=args.merge_strategy),
+        merge=MergeConfig(alpha=args.alpha, strategy=args.merge_strategy, target_macs=args.target_macs,
+                          rule=args.merge_rule),
         calibrate=args.calibrate, max_drop=args.max_drop,
         split=SplitConfig(mode=args.split, portable=args.portable, tune=args.tune, tolerance=args.split_tolerance),
         codebook=not args.plain, storage=args.storage, verify=not args.no_verify,

@@ -62,12 +62,18 @@ def _compress(model, config: CompressConfig, *, progress, file_bytes_before, plo
     eligible_before = scan_layers(work, include_grouped=config.hash.include_depthwise)
 
     out, hashed, merged, split, calibration = work, None, None, None, None
+    reduce_first = "merge" in config.steps and config.merge.reduces and not config.calibrate
+    if reduce_first:  # channels go before hashing: the kept weights are then hashed and stored
+        t = time.perf_counter()
+        merged = MergePass(config.merge, progress=_phase(progress, "reducing")).run(out)
+        out = merged.model
+        timings["merge"] = time.perf_counter() - t
     if "hash" in config.steps:
         t = time.perf_counter()
         hashed = HashPass(config.hash, progress=_phase(progress, "hashing")).run(out)
         out = hashed.model
         timings["hash"] = time.perf_counter() - t
-    if "merge" in config.steps:
+    if "merge" in config.steps and not reduce_first:
         t = time.perf_counter()
         merge_config = config.merge
         if config.calibrate:
@@ -191,7 +197,8 @@ def _summary(scan, hashed, merged, split, config_tolerance, final_scan):
         summary.update({"merge_params_removed": merge_removed, "merge_channels_removed": merged.channels_removed,
                         "merge_other_params_removed": merged.other_params_removed,
                         "merge_pruning_ratio": merge_removed / params if params else 0.0,
-                        "merge_alpha": merged.config.alpha, "merge_strategy": merged.config.strategy})
+                        "merge_alpha": merged.config.alpha, "merge_strategy": merged.config.strategy,
+                        "merge_rule": merged.config.rule, "merge_target_macs": merged.config.target_macs})
     if hashed is not None:
         d_before = sum(l.distinct_before for l in hashed.layers)
         d_after = sum(l.distinct_after for l in hashed.layers)

@@ -865,6 +865,18 @@ class _Walker:
         return _Stat(m, v, s.rank, s.pooled)
 
 
+def moment_state(model: onnx.ModelProto, input_stats: Optional[str] = "standard") -> dict:
+    """Per tensor, the moment walk's per-channel statistics (``_Stat``: ``mean``, ``var``) or the
+    reason it has none (a string); {} when the walk cannot follow the graph at all. The one
+    statistics engine of ``analyze``, the rate-distortion hashing and the channel reduction."""
+    try:
+        walker = _Walker(model, input_stats)
+        walker.run()
+        return walker.state
+    except Exception:  # noqa: BLE001  a graph the moment walk cannot follow: statistics unknown (said per layer)
+        return {}
+
+
 def _sigmoid(z):
     return 0.5 * (1.0 + np.tanh(0.5 * z))
 

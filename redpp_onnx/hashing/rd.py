@@ -271,14 +271,9 @@ class InputStats:
 def input_stats(model: onnx.ModelProto, views: Sequence[LayerView]) -> List[InputStats]:
     """Per layer: ``E[x]`` and ``Var[x]`` of each input channel from the moment walk of
     ``analysis.theory`` (BatchNorm statistics; graph inputs assumed standardized)."""
-    from ..analysis.theory import _Walker
+    from ..analysis.theory import moment_state
 
-    try:
-        walker = _Walker(model, "standard")
-        walker.run()
-        state = walker.state
-    except Exception:  # noqa: BLE001  a graph the moment walk cannot follow: statistics unknown (said per layer)
-        state = {}
+    state = moment_state(model)
     out = []
     for v in views:
         s = state.get(v.node.input[0])

@@ -40,6 +40,8 @@ class ChannelEdit:
     n_old: int
     keep: tuple                 # tuple of tuples of old positions (first = the kept one)
     exact: tuple                # per new channel: the cluster's channels are equal
+    scales: Optional[tuple] = None  # per new channel, a factor per old position: consumers fold
+    #                                 Σ s_m W[:, m] (passes/reduce.py: a channel ≈ s × its partner)
 
     @property
     def n_new(self) -> int:
@@ -78,7 +80,10 @@ def fold_along(arr: np.ndarray, axis: int, edit: ChannelEdit, inner: int = 1) ->
     out = blocks[edit.kept].copy()
     for i, cluster in enumerate(edit.keep):
         if len(cluster) > 1:
-            out[i] = blocks[list(cluster)].astype(np.float64).sum(axis=0).astype(arr.dtype)
+            parts = blocks[list(cluster)].astype(np.float64)
+            if edit.scales is not None:
+                parts = parts * np.asarray(edit.scales[i], np.float64).reshape((-1,) + (1,) * (parts.ndim - 1))
+            out[i] = parts.sum(axis=0).astype(arr.dtype)
     out = out.reshape((edit.n_new * inner,) + moved.shape[1:])
     return np.moveaxis(out, 0, axis)
 

@@ -63,6 +63,21 @@ from ..errors import RedppError
 from .editors import ChannelEdit, EditContext, apply
 
 STRATEGIES = ("per_block", "uniform")
+RULES = ("redpp", "percentile")
+
+
+def layer_share(alpha: float, strategy: str, index: int, n_layers: int) -> float:
+    """α^l of the eligible layer at ``index`` (0-based) among ``n_layers``: ``uniform`` α, or
+    ``per_block`` (the paper's appendix): first third ``max(2α - 1, 0)``, middle ``α``, last third
+    ``min(2α, 1)``."""
+    a = float(alpha)
+    if strategy == "uniform" or n_layers <= 0:
+        return a
+    if index < n_layers / 3:
+        return max(2 * a - 1, 0.0)
+    if index <= 2 * n_layers / 3:
+        return a
+    return min(2 * a, 1.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +87,15 @@ class MergeConfig:
     alpha: float = 0.0          # 0: merge equal neurons only (exact); > 0: barycenters (changes f)
     strategy: str = "per_block"  # per-layer α^l: "per_block" (paper's appendix) or "uniform"
     tolerance: float = 0.0      # α^l = 0 equality: max |difference| <= tolerance (0: exact)
+    target_macs: Optional[float] = None  # keep at most this share of the eligible MACs (passes/reduce.py)
+    rule: str = "redpp"         # α > 0: "redpp" (METHOD.md Step 2 revised: α^l = share of channels removed,
+    #                             pruning / scale-matched merging with mean compensation, passes/reduce.py)
+    #                             or "percentile" (the old rule: barycenters of close channels, for comparison)
+
+    @property
+    def reduces(self) -> bool:
+        """Channels are removed by the data-free reduction of ``passes/reduce.py``."""
+        return self.rule == "redpp" and (self.alpha > 0 or self.target_macs is not None)
 
     def __post_init__(self):
         a = self.alpha
@@ -82,17 +106,21 @@ class MergeConfig:
         t = self.tolerance
         if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise RedppError(f"merge tolerance must be a non-negative number, got {t!r}")
+        if self.rule not in RULES:
+            raise RedppError(f"--merge-rule must be one of {', '.join(RULES)}, got {self.rule!r}")
+        f = self.target_macs
+        if f is not None:
+            if not isinstance(f, (int, float)) or not math.isfinite(f) or not 0 < f <= 1:
+                raise RedppError(f"--target-macs must be a share in (0, 1], got {f!r}")
+            if self.rule != "redpp":
+                raise RedppError("--target-macs needs --merge-rule redpp")
+            if self.alpha > 0:
+                raise RedppError("--target-macs and --alpha exclude each other (the target chooses each "
+                                 "layer's share)")
 
     def alpha_for(self, index: int, n_layers: int) -> float:
         """α^l of the eligible layer at ``index`` (0-based) among ``n_layers``."""
-        a = float(self.alpha)
-        if self.strategy == "uniform" or n_layers <= 0:
-            return a
-        if index < n_layers / 3:
-            return max(2 * a - 1, 0.0)
-        if index <= 2 * n_layers / 3:
-            return a
-        return min(2 * a, 1.0)
+        return layer_share(self.alpha, self.strategy, index, n_layers)
 
 
 @dataclasses.dataclass
@@ -116,6 +144,10 @@ class LayerMerge:
     alpha_l: Optional[float] = None  # α^l applied to its output channels (None: blocked / not analysed)
     exact: bool = True               # every merge of its output channels was between equal channels
     reasons: list = dataclasses.field(default_factory=list)
+    pruned_out: int = 0              # rule redpp: output channels pruned (the rest of merged_out merged)
+    predicted_cost: Optional[float] = None  # rule redpp: relative consumer-output variance removed
+    macs_before: Optional[int] = None
+    macs_after: Optional[int] = None
 
 
 @dataclasses.dataclass
@@ -172,6 +204,8 @@ class MergePass:
 
     # ------------------------------------------------------------------ run
     def run(self, model: onnx.ModelProto) -> MergePassResult:
+        if self.config.reduces:
+            return self._run_reduce(model)
         t0 = time.perf_counter()
         coupling = analyze_coupling(model)
         scan = coupling.scan
@@ -259,6 +293,49 @@ class MergePass:
         return MergePassResult(out, layers, groups, list(scan.refused), self.config, params_before, params_after,
                                (params_before - params_after) / params_before if params_before else 0.0,
                                len(rep_of), other, changed, notes, time.perf_counter() - t0)
+
+    def _run_reduce(self, model: onnx.ModelProto) -> MergePassResult:
+        """α^l shares or a MAC target by the data-free reduction (``passes/reduce.py``)."""
+        from ..analysis.layers import scan_layers
+        from .reduce import ReduceConfig, reduce_channels
+
+        c = self.config
+        t0 = time.perf_counter()
+        if self.progress:
+            self.progress(0, 1, "channel statistics")
+        res = reduce_channels(model, ReduceConfig(alpha=c.alpha, strategy=c.strategy, target_macs=c.target_macs))
+        before, after = scan_layers(model), {l.node: l for l in scan_layers(res.model).layers}
+        info = {r.name: r for r in res.layers}
+        layers = []
+        for l in before.layers:
+            a = after.get(l.node, l)
+            out_b, in_b = _out_in(l)
+            out_a, in_a = _out_in(a)
+            r = info.get(l.node)
+            row = LayerMerge(l.node, l.op_type, l.weight, None, [], out_b, out_a, out_b - out_a, in_b, in_a,
+                             in_b - in_a, l.params, a.params, l.params - a.params, exact=out_a == out_b,
+                             macs_before=l.macs, macs_after=a.macs)
+            if r is not None:
+                row.alpha_l = r.share
+                row.pruned_out = r.pruned
+                row.predicted_cost = round(r.cost, 6)
+                row.reasons = list(r.reasons)
+            layers.append(row)
+        init_before = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
+        init_after = sum(int(np.prod(t.dims)) for t in res.model.graph.initializer)
+        other = max(0, (init_before - init_after) - (res.params_before - res.params_after))
+        removed = sum(r.merged_out for r in layers)
+        how = (f"--target-macs {c.target_macs:g}" if c.target_macs is not None else f"α = {c.alpha:g} ({c.strategy})")
+        notes = [f"merge ({how}, rule redpp, data-free) changes the function: eligible MACs {res.macs_before:,} -> "
+                 f"{res.macs_after:,} ({100 * res.macs_removed:.1f} % removed), parameters {res.params_before:,} -> "
+                 f"{res.params_after:,}" if removed else
+                 f"merge ({how}, rule redpp, data-free): nothing removed"]
+        notes += res.notes if removed else ["merge removed no channel: no group could be reduced (reasons per layer)"]
+        if self.progress:
+            self.progress(1, 1, "")
+        ratio = (res.params_before - res.params_after) / res.params_before if res.params_before else 0.0
+        return MergePassResult(res.model, layers, [], list(before.refused), c, res.params_before, res.params_after,
+                               ratio, removed, other, bool(removed), notes, time.perf_counter() - t0)
 
     # ------------------------------------------------------------------ clustering
     def _cluster(self, sections: Sequence[np.ndarray], n: int, alpha_l: float):
@@ -385,6 +462,16 @@ class MergePass:
             notes.append(f"{len(blocked)} of {len(groups)} channel groups have channels that cannot be merged "
                          "(reasons per group)")
         return notes
+
+
+def _out_in(layer) -> tuple:
+    """(output channels, inputs) of an eligible layer's weight."""
+    shape = layer.weight_shape
+    if layer.op_type == "Conv":
+        return int(shape[0]), int(shape[1])
+    if layer.op_type == "Gemm" and layer.trans_b:
+        return int(shape[0]), int(shape[1])
+    return int(shape[-1]), int(shape[-2]) if len(shape) > 1 else 1
 
 
 def _equal_clusters(sig: np.ndarray) -> list:

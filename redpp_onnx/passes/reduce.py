@@ -1,0 +1,531 @@
+"""Relaxed merging that prunes (METHOD.md Step 2, revised): fewer channels, data-free.
+
+For every channel group of :mod:`redpp_onnx.analysis.coupling` with one producer (the inner
+channels of residual blocks, expansion channels...; residual-coupled groups are left alone and
+say so) whose consumers are Conv / Gemm / MatMul:
+
+* **statistics**: the mean ``m_j`` and variance ``v_j`` of what the consumers read, from the
+  moment walk of ``analyze`` (:mod:`redpp_onnx.analysis.theory`: after a BatchNormalization
+  ``N(β_j, γ_j²)``, closed forms through Relu / Clip; without BatchNorm, from standardized graph
+  inputs through the layers: one statistics engine for ``analyze``, the cost and the compensation);
+* **effective neurons**: ``e_j = a_j · W_j`` with ``a_j = γ_j / sqrt(var_j + ε)`` (the producer's row
+  with its BatchNorm folded in; ``a_j = 1`` without one); two channels' correlation is estimated as
+  ``ρ = cos(e_j, e_k)`` (inputs taken as isotropic);
+* **removing** channel ``j`` costs the consumer-output variance it leaves behind,
+  ``‖W_{l+1}[:, j]‖² × v_res``: pruned, ``v_res = v_j``; merged into a kept partner ``k`` with a
+  scale ``s`` (consumer column ``k += s · column j``), ``v_res = v_j + s² v_k − 2 s ρ sqrt(v_j v_k)``,
+  with ``s = ρ sqrt(v_j / v_k)`` when the activation is positively homogeneous (Relu, none) and no
+  other per-channel op (a depthwise conv...) lies on the way, ``s = 1`` for the others (Clip...),
+  and no merge at all when a depthwise conv is on the way (pruning only). The relative cost is
+  that over the consumers' output variance from the whole group, ``Σ_k ‖W_{l+1}[:, k]‖² v_k``;
+* **mean compensation**: what is removed still has a mean, ``d = m_j`` (pruned) or ``m_j − s m_k``
+  (merged); ``d × Σ_spatial W_{l+1}[o, j]`` goes into each consumer's bias (a Conv without a bias
+  gets one). Zero-padded borders of a consumer Conv see less than the full kernel: approximate
+  there (said in the notes);
+* **which channels**: per layer, cheapest first, partners kept (a channel merged into is never
+  removed later). ``alpha`` with the ``per_block`` strategy removes ``α^l`` of each layer's
+  channels (first third of the eligible layers ``max(2α − 1, 0)``, middle ``α``, last third
+  ``min(2α, 1)``), ``uniform`` α everywhere; ``target_macs = F`` keeps at most ``F`` of the
+  eligible MACs by one global order of the relative costs (``order="cost"``) or of the relative
+  cost per MAC saved (``order="cost_per_mac"``). At most ``max_share`` of a layer's channels go.
+
+Data-free: no data is read. It changes the function; the result says by how much it predicts
+(the relative costs) and the verification measures it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+import time
+from collections import defaultdict
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import onnx
+
+from ..analysis.coupling import CONSUMER, PER_CHANNEL, PRODUCER, TRANSPARENT_UNARY, analyze_coupling
+from ..analysis.layers import ConstantTensors, scan_layers
+from ..errors import RedppError
+from .editors import ChannelEdit, EditContext, apply
+
+STRATEGIES = ("per_block", "uniform")
+MERGE_MARGIN = 0.5
+"""A merge is chosen over pruning only when its predicted residual variance is below this share
+of the pruned channel's: the correlation of two channels is estimated with isotropic inputs,
+which overstates it (measured: merging at equal predicted cost lost more top-1 than pruning)."""
+ORDERS = ("cost", "cost_per_mac")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReduceConfig:
+    alpha: float = 0.0                 # share of channels removed per layer (with ``strategy``)
+    strategy: str = "per_block"
+    target_macs: Optional[float] = None  # keep at most this share of the eligible MACs (overrides alpha)
+    order: str = "cost_per_mac"        # global order for target_macs
+    merge: bool = True                 # scale-matched merging (False: pruning only)
+    sensitivity: str = "none"          # weigh each group's cost by its consumer's measured logit
+    #                                    sensitivity (rd.sensitivities: "synthetic", "bn"), or not
+    compensate: bool = True            # mean compensation into the consumers' biases
+    max_share: float = 0.5             # at most this share of a layer's channels removed
+
+    def __post_init__(self):
+        if not 0 <= float(self.alpha) <= 1:
+            raise RedppError(f"alpha must be in [0, 1], got {self.alpha!r}")
+        if self.strategy not in STRATEGIES:
+            raise RedppError(f"strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
+        if self.target_macs is not None and not 0 < float(self.target_macs) <= 1:
+            raise RedppError(f"--target-macs must be in (0, 1], got {self.target_macs!r}")
+        if self.sensitivity not in ("synthetic", "bn", "none"):
+            raise RedppError(f"sensitivity must be synthetic, bn or none, got {self.sensitivity!r}")
+        if self.order not in ORDERS:
+            raise RedppError(f"order must be one of {', '.join(ORDERS)}, got {self.order!r}")
+
+    def alpha_for(self, index: int, n_layers: int) -> float:
+        from .merge import layer_share
+
+        return layer_share(self.alpha, self.strategy, index, n_layers)
+
+
+@dataclasses.dataclass
+class LayerReduce:
+    """One producer layer's channels (a row of the report)."""
+
+    name: str
+    channels_before: int
+    channels_after: int = 0
+    pruned: int = 0
+    merged: int = 0
+    share: float = 0.0                 # removed / before
+    cost: float = 0.0                  # sum of the relative costs of what was removed
+    activation: str = ""
+    reasons: list = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class ReduceResult:
+    model: onnx.ModelProto
+    layers: List[LayerReduce]
+    macs_before: int
+    macs_after: int
+    params_before: int
+    params_after: int
+    predicted_cost: float              # sum over layers of the relative costs removed
+    notes: List[str]
+    seconds: float = 0.0
+
+    @property
+    def macs_removed(self) -> float:
+        return 1 - self.macs_after / self.macs_before if self.macs_before else 0.0
+
+
+# --------------------------------------------------------------------------- per group
+
+@dataclasses.dataclass
+class _Group:
+    gid: int
+    bucket: int
+    producer: str                      # producer node name
+    layer_index: int                   # its index among the eligible layers
+    classes: tuple
+    mean: np.ndarray                   # m_j
+    var: np.ndarray                    # v_j
+    col: np.ndarray                    # Σ over consumers of ‖W_{l+1}[:, j]‖²
+    rho: Optional[np.ndarray]          # correlation matrix of the effective neurons (None: no merging)
+    homogeneous: bool
+    macs_per_channel: float
+    activation: str
+    consumers: list                    # (GroupOp, spatial sums per channel: [channels, outputs])
+
+
+def _bn_stats(consts: ConstantTensors, graph: onnx.GraphProto, op) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    node = graph.node[op.node]
+    gamma, beta, mu, var = (consts.array(node.input[k]).astype(np.float64).ravel() for k in (1, 2, 3, 4))
+    eps = next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == "epsilon"), 1e-5)
+    return gamma, beta, gamma / np.sqrt(var + eps)
+
+
+def _clip_bounds(consts: ConstantTensors, node: onnx.NodeProto) -> Tuple[float, float]:
+    lo, hi = -np.inf, np.inf
+    for a in node.attribute:
+        if a.name == "min":
+            lo = float(a.f)
+        elif a.name == "max":
+            hi = float(a.f)
+    if len(node.input) > 1 and node.input[1]:
+        lo = float(consts.array(node.input[1]))
+    if len(node.input) > 2 and node.input[2]:
+        hi = float(consts.array(node.input[2]))
+    return lo, hi
+
+
+def _consumer_sums(consts: ConstantTensors, graph: onnx.GraphProto, op, channels: int,
+                   shapes: dict) -> Optional[np.ndarray]:
+    """``[channels, outputs]``: per input channel of the consumer, the sum of its weights over
+    the channel's block (kernel window, or ``inner`` features) for every output, each Conv tap
+    weighted by the share of output positions at which it reads inside the input (zero padding:
+    the mean over positions of what a constant channel adds); None when the consumer's bias
+    cannot take a compensation (MatMul)."""
+    from ..hashing.rd import _tap_fractions
+
+    node = graph.node[op.node]
+    p = op.params[0]
+    w = consts.array(p.name).astype(np.float64)
+    if node.op_type == "Conv":
+        frac = _tap_fractions(node, shapes.get(node.input[0]), w.shape)
+        if frac is not None:
+            w = w * frac
+    moved = np.moveaxis(w, p.axis, 0)
+    blocks = moved.reshape((channels, op.inner) + moved.shape[1:])
+    if node.op_type == "Conv":
+        # W: (O, I, k...) -> moved (I, O, k...): sum over the block and the kernel
+        return blocks.reshape(channels, op.inner, blocks.shape[2], -1).sum(axis=(1, 3))
+    if node.op_type == "Gemm":
+        alpha = next((a.f for a in node.attribute if a.name == "alpha"), 1.0)
+        return alpha * blocks.reshape(channels, op.inner, -1).sum(axis=1)
+    return None
+
+
+def _activation(consts, graph, group, after: int) -> Tuple[Optional[str], float, float]:
+    """The per-element activation the consumers see (ops of the group after node ``after``):
+    ``(name, lo, hi)``; name None for others (no scaled merges then)."""
+    acts = [op for op in group.ops if op.op_type in TRANSPARENT_UNARY and op.node > after]
+    kinds = {op.op_type for op in acts}
+    if not kinds or kinds <= {"Identity", "Dropout"}:
+        return "none", -np.inf, np.inf
+    if kinds == {"Relu"}:
+        return "Relu", 0.0, np.inf
+    if kinds == {"Clip"} and len(acts) == 1:
+        lo, hi = _clip_bounds(consts, graph.node[acts[0].node])
+        return f"Clip({lo:g}, {hi:g})", lo, hi
+    return None, 0.0, 0.0
+
+
+def _analyse(model, coupling, consts, layer_index, macs_of) -> Tuple[List[_Group], Dict[str, List[str]]]:
+    from ..analysis.layers import static_shapes
+    from ..analysis.theory import moment_state
+
+    graph = model.graph
+    shapes = static_shapes(model)
+    stats = moment_state(model)
+    groups, reasons = [], defaultdict(list)
+    for g in coupling.groups:
+        producers = g.producers
+        if not producers:
+            continue
+        pname = producers[0].name
+        if len(producers) > 1:
+            for p in producers:
+                reasons[p.name].append(f"channels coupled with {len(producers) - 1} other producer(s) (residual "
+                                       "Add, Concat...): not reduced")
+            continue
+        prod = producers[0]
+        for bi, b in enumerate(g.buckets):
+            if b.reasons or len(b.classes) < 2:
+                if b.reasons:
+                    reasons[pname].append(f"blocked: {b.reasons[0]}")
+                continue
+            per_channel = [op for op in g.ops if op.role == PER_CHANNEL and op.tensor in b.tensors]
+            bns = [op for op in per_channel if op.op_type == "BatchNormalization"]
+            last_bn = max((op.node for op in bns), default=prod.node)
+            name, _, _ = _activation(consts, graph, g, last_bn)
+            consumers = g.consumers
+            if not consumers or any(graph.node[c.node].op_type not in ("Conv", "Gemm", "MatMul") for c in consumers):
+                reasons[pname].append("consumers other than Conv / Gemm / MatMul")
+                continue
+            # the statistics of what the consumers read: the moment walk (analysis.theory), at the
+            # output of the last op before them that keeps the channel layout of the producer
+            tail = max((op for op in g.ops if op.role != CONSUMER and op.tensor in b.tensors
+                        and (op.role in (PRODUCER, PER_CHANNEL) or op.op_type in TRANSPARENT_UNARY)),
+                       key=lambda op: op.node)
+            st = stats.get(tail.tensor)
+            if not hasattr(st, "mean") or st.mean is None or st.var is None:
+                reasons[pname].append(f"no channel statistics for {tail.tensor!r} ({st if isinstance(st, str) else 'unknown'})")
+                continue
+            pos = coupling.positions(tail.tensor)
+            idx = [pos[c] for c in b.classes]
+            if max(idx) >= np.size(st.mean):
+                reasons[pname].append("channel statistics do not fit the channels")
+                continue
+            mean = np.asarray(st.mean, np.float64)[idx]
+            var = np.maximum(np.asarray(st.var, np.float64)[idx], 0.0)
+            if name is None:
+                name = "other"
+            a = np.ones(len(idx))
+            if len(bns) == 1:
+                bpos = coupling.positions(bns[0].tensor)
+                a = _bn_stats(consts, graph, bns[0])[2][[bpos[c] for c in b.classes]]
+            col = np.zeros(len(idx))
+            sums, macs = [], 0.0
+            for c in consumers:
+                cpos = coupling.positions(c.tensor)
+                cidx = [cpos[k] for k in b.classes]
+                p = c.params[0]
+                n_ch = len(coupling.layout[c.tensor])
+                w = np.moveaxis(consts.array(p.name).astype(np.float64), p.axis, 0)
+                blocks = w.reshape((n_ch, -1))
+                col += np.sum(blocks[cidx] ** 2, axis=1)
+                s = _consumer_sums(consts, graph, c, n_ch, shapes)
+                sums.append((c, cidx, None if s is None else s[cidx]))
+                macs += macs_of.get(c.name, 0) / max(n_ch, 1)
+            ppos = coupling.positions(prod.tensor)
+            n_prod = len(coupling.layout[prod.tensor])
+            macs += macs_of.get(pname, 0) / max(n_prod, 1)
+            others = [op for op in per_channel if op.op_type != "BatchNormalization"]
+            homogeneous = name in ("Relu", "none") and not others
+            rho = None
+            if len(bns) <= 1 and not others:
+                pw = consts.array(prod.params[0].name).astype(np.float64)
+                rows = np.moveaxis(pw, prod.params[0].axis, 0).reshape(n_prod, -1)[[ppos[c] for c in b.classes]]
+                e = rows * a[:, None]
+                norm = np.linalg.norm(e, axis=1)
+                norm[norm == 0] = 1.0
+                u = e / norm[:, None]
+                rho = np.clip(u @ u.T, -1.0, 1.0)
+            groups.append(_Group(g.id, bi, pname, layer_index[pname], tuple(b.classes), mean, var, col, rho,
+                                 homogeneous, macs, name, sums))
+    return groups, reasons
+
+
+def _options(gr: _Group, j: int, removed: set, allow_merge: bool):
+    """``(v_res, partner, scale)`` of the cheapest way to remove channel ``j`` (partner None: prune)."""
+    vj = gr.var[j]
+    best = (vj, None, 0.0)
+    if not allow_merge or gr.rho is None:
+        return best
+    n = len(gr.classes)
+    ks = np.array([k for k in range(n) if k != j and k not in removed], np.int64)
+    if ks.size == 0:
+        return best
+    vk = gr.var[ks]
+    r = gr.rho[j, ks]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if gr.homogeneous:
+            s = np.where((r > 0) & (vk > 0), r * np.sqrt(vj / np.where(vk > 0, vk, 1.0)), 0.0)
+        else:
+            s = np.ones_like(vk)
+        res = vj + s * s * vk - 2 * s * r * np.sqrt(vj * vk)
+    res = np.where(s > 0, res, np.inf)
+    i = int(np.argmin(res))
+    if res[i] < MERGE_MARGIN * best[0]:
+        best = (float(max(res[i], 0.0)), int(ks[i]), float(s[i]))
+    return best
+
+
+def plan(model: onnx.ModelProto, config: ReduceConfig, coupling=None):
+    """The channels to remove: ``(groups, decisions, reasons, macs_total)`` where ``decisions[g]``
+    lists ``(j, partner or None, scale, relative cost)`` per group (indices into its classes)."""
+    coupling = coupling or analyze_coupling(model)
+    consts = ConstantTensors(model)
+    scan = scan_layers(model)
+    layer_index = {l.node: k for k, l in enumerate(scan.layers)}
+    macs_of = {l.node: l.macs or 0 for l in scan.layers}
+    macs_total = sum(macs_of.values())
+    groups, reasons = _analyse(model, coupling, consts, layer_index, macs_of)
+    n_layers = len(scan.layers)
+    decisions: Dict[int, list] = {k: [] for k in range(len(groups))}
+    state = [(set(), set()) for _ in groups]  # (removed, partners)
+    norm = [float(np.sum(gr.col * gr.var)) or 1.0 for gr in groups]
+    weight = [1.0] * len(groups)
+    if config.sensitivity != "none" and groups:
+        slopes = _slopes(model, config.sensitivity)
+        for k, gr in enumerate(groups):
+            ws = [slopes.get(c.name) for c, _, _ in gr.consumers]
+            if all(x is not None for x in ws) and ws:
+                weight[k] = float(sum(ws))
+        norm = [n / w if w > 0 else n for n, w in zip(norm, weight)]
+
+    def best(k, j):
+        gr = groups[k]
+        v, partner, s = _options(gr, j, state[k][0], config.merge)
+        return gr.col[j] * v / norm[k], partner, s
+
+    def take(k, j, partner, s, cost):
+        state[k][0].add(j)
+        if partner is not None:
+            state[k][1].add(partner)
+        decisions[k].append((j, partner, s, cost))
+
+    def limit(k):
+        return int(math.floor(config.max_share * len(groups[k].classes)))
+
+    if config.target_macs is None:
+        for k, gr in enumerate(groups):
+            want = min(int(math.floor(config.alpha_for(gr.layer_index, n_layers) * len(gr.classes))), limit(k))
+            heap = [(best(k, j)[0], j) for j in range(len(gr.classes))]
+            heapq.heapify(heap)
+            while heap and len(state[k][0]) < want:
+                c, j = heapq.heappop(heap)
+                if j in state[k][0] or j in state[k][1]:
+                    continue
+                c2, partner, s = best(k, j)
+                if c2 > c * (1 + 1e-12) + 1e-15:  # its partner went: re-queue at its new cost
+                    heapq.heappush(heap, (c2, j))
+                    continue
+                take(k, j, partner, s, c2)
+    else:
+        budget = (1.0 - float(config.target_macs)) * macs_total
+        removed_macs = 0.0
+
+        def key(k, c):
+            return c / groups[k].macs_per_channel if config.order == "cost_per_mac" and groups[k].macs_per_channel else c
+
+        heap = []
+        for k, gr in enumerate(groups):
+            for j in range(len(gr.classes)):
+                c = best(k, j)[0]
+                heap.append((key(k, c), c, k, j))
+        heapq.heapify(heap)
+        while heap and removed_macs < budget:
+            _, c, k, j = heapq.heappop(heap)
+            removed, partners = state[k]
+            if j in removed or j in partners or len(removed) >= limit(k):
+                continue
+            c2, partner, s = best(k, j)
+            if c2 > c * (1 + 1e-12) + 1e-15:
+                heapq.heappush(heap, (key(k, c2), c2, k, j))
+                continue
+            take(k, j, partner, s, c2)
+            removed_macs += groups[k].macs_per_channel
+    return groups, decisions, reasons, macs_total
+
+
+def _slopes(model: onnx.ModelProto, proxy: str) -> Dict[str, float]:
+    """Each eligible layer's linear logit sensitivity (``rd.sensitivities``: relative logit energy
+    per unit of relative output distortion), by node name; {} when it cannot be measured."""
+    from ..hashing import rd
+
+    try:
+        views = rd.layer_views(model)
+        responses = rd.sensitivities(model, views, proxy)
+    except rd.SyntheticInputsUnavailable:
+        return {}
+    return {v.name: r.slope for v, r in zip(views, responses)}
+
+
+# --------------------------------------------------------------------------- edits
+
+def reduce_channels(model: onnx.ModelProto, config: ReduceConfig) -> ReduceResult:
+    """Remove channels by :func:`plan` (``model`` is not changed)."""
+    t0 = time.perf_counter()
+    coupling = analyze_coupling(model)
+    groups, decisions, reasons, macs_total = plan(model, config, coupling)
+    result = apply_plan(model, coupling, groups, decisions, reasons, macs_total, compensate=config.compensate)
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def apply_plan(model: onnx.ModelProto, coupling, groups, decisions, reasons, macs_total, *,
+               compensate: bool = True) -> ReduceResult:
+    """The model without the channels of ``decisions`` (from :func:`plan`, or any other rule:
+    ``decisions[k]`` = ``[(j, partner or None, scale, cost)]`` per group ``k``, indices into the
+    group's classes; a partner must not be removed), merged ones folded into their partners'
+    consumer columns times their scale, and with ``compensate`` the removed means into the
+    consumers' biases. ``model`` is not changed."""
+    t0 = time.perf_counter()
+    params_before = sum(l.params for l in coupling.scan.layers)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    ctx = EditContext(out)
+    edits: Dict[str, ChannelEdit] = {}
+    shift: Dict[int, np.ndarray] = {}  # consumer node -> bias shift per output
+    uncompensated = set()
+    rows = []
+    gmap = {gr.gid: [] for gr in groups}
+    for k, gr in enumerate(groups):
+        gmap[gr.gid].append(k)
+    by_group = {g.id: g for g in coupling.groups}
+    for k, gr in enumerate(groups):
+        dec = decisions[k]
+        row = LayerReduce(gr.producer, len(gr.classes), len(gr.classes) - len(dec),
+                          sum(p is None for _, p, _, _ in dec), sum(p is not None for _, p, _, _ in dec),
+                          len(dec) / len(gr.classes), float(sum(c for *_, c in dec)), gr.activation)
+        rows.append(row)
+        if not dec:
+            continue
+        g = by_group[gr.gid]
+        removed = {j for j, *_ in dec}
+        into = defaultdict(list)  # kept j -> [(j', s)]
+        for j, partner, s, _ in dec:
+            if partner is not None:
+                into[partner].append((j, s))
+        if compensate:
+            for c, cidx, sums in gr.consumers:
+                if sums is None:
+                    uncompensated.add(c.name)
+                    continue
+                d = np.zeros(sums.shape[1])
+                for j, partner, s, _ in dec:
+                    dm = gr.mean[j] - (s * gr.mean[partner] if partner is not None else 0.0)
+                    d += dm * sums[j]
+                shift[c.node] = shift.get(c.node, 0) + d
+        for t in g.tensors:
+            pos = coupling.positions(t)
+            cls = coupling.layout[t]
+            member = {c: i for i, c in enumerate(gr.classes)}
+            keep, scales = [], []
+            for p, c in enumerate(cls):
+                i = member.get(c)
+                if i is not None and i in removed:
+                    continue
+                extra = into.get(i, []) if i is not None else []
+                keep.append((p,) + tuple(pos[gr.classes[j]] for j, _ in extra))
+                scales.append((1.0,) + tuple(s for _, s in extra))
+            edits[t] = ChannelEdit(len(cls), tuple(keep), tuple(True for _ in keep), tuple(scales))
+    for g in coupling.groups:
+        for op in g.ops:
+            if op.tensor in edits:
+                apply(ctx, op, edits[op.tensor])
+    out_edit = {op.node: edits[op.tensor] for g in coupling.groups for op in g.ops
+                if op.role == PRODUCER and op.tensor in edits}
+    for node_index, d in shift.items():
+        edit = out_edit.get(node_index)  # the consumer lost output channels itself
+        _add_bias(ctx, node_index, d[edit.kept] if edit is not None else d)
+    ctx.commit()
+    if edits:
+        keep_vi = [vi for vi in out.graph.value_info if vi.name not in edits]
+        del out.graph.value_info[:]
+        out.graph.value_info.extend(keep_vi)
+    after = scan_layers(out)
+    params_after = sum(l.params for l in after.layers)
+    macs_after = sum(l.macs or 0 for l in after.layers)
+    for row in rows:
+        row.reasons.extend(reasons.get(row.name, []))
+    seen = {r.name for r in rows}
+    for name, rs in reasons.items():
+        if name not in seen:
+            rows.append(LayerReduce(name, 0, 0, reasons=list(rs)))
+    notes = []
+    removed = sum(r.pruned + r.merged for r in rows)
+    if removed:
+        notes.append(f"reduce removed {removed} channels ({sum(r.merged for r in rows)} merged into a scaled "
+                     f"partner, {sum(r.pruned for r in rows)} pruned), data-free; the function changes "
+                     "(predicted relative cost per layer in the rows)")
+        if compensate:
+            notes.append("mean compensation: each removed channel's expected value (Gaussian model of its "
+                         "BatchNorm statistics) went into its consumers' biases, averaged over output positions "
+                         "(zero-padded borders see part of the kernel)")
+        if uncompensated:
+            notes.append(f"no bias to compensate into for {', '.join(sorted(uncompensated))} (MatMul)")
+    return ReduceResult(out, rows, macs_total, macs_after, params_before, params_after,
+                        float(sum(r.cost for r in rows)), notes, time.perf_counter() - t0)
+
+
+def _add_bias(ctx: EditContext, i: int, d: np.ndarray) -> None:
+    node = ctx.node(i)
+    if node.op_type == "Conv":
+        if len(node.input) > 2 and node.input[2]:
+            b = ctx.get(i, 2)
+            ctx.set(i, 2, (b.astype(np.float64) + d).astype(b.dtype))
+        else:
+            ctx.append_input(i, 2, d.astype(np.float32))
+        return
+    if node.op_type == "Gemm":
+        beta = next((a.f for a in node.attribute if a.name == "beta"), 1.0)
+        if len(node.input) > 2 and node.input[2]:
+            c = ctx.get(i, 2)
+            ctx.set(i, 2, (c.astype(np.float64) + np.broadcast_to(d / beta, np.broadcast_shapes(c.shape, d.shape))
+                           ).astype(c.dtype))
+        else:
+            ctx.append_input(i, 2, (d / beta).astype(np.float32))
