@@ -1,10 +1,11 @@
 """Relaxed merging that prunes (METHOD.md Step 2, revised): fewer channels, data-free.
 
-For every channel group of :mod:`redpp_onnx.analysis.coupling` with one producer (the inner
-channels of residual blocks, expansion channels...; residual-coupled groups are left alone and
-say so) whose consumers are Conv / Gemm / MatMul:
+For every channel group of :mod:`redpp_onnx.analysis.coupling` whose consumers are Conv / Gemm /
+MatMul: a producer's channels (the inner channels of residual blocks, expansion channels...), and
+with ``coupled`` the channels shared by several producers (residual Adds: a channel goes from
+every producer of the group at once, pruned, never merged; experimental, off by default):
 
-* **statistics**: the mean ``m_j`` and variance ``v_j`` of what the consumers read, from the
+* **statistics**: the mean ``m_j`` and variance ``v_j`` of what each consumer reads, from the
   moment walk of ``analyze`` (:mod:`redpp_onnx.analysis.theory`: after a BatchNormalization
   ``N(β_j, γ_j²)``, closed forms through Relu / Clip; without BatchNorm, from standardized graph
   inputs through the layers: one statistics engine for ``analyze``, the cost and the compensation);
@@ -69,6 +70,8 @@ class ReduceConfig:
     #                                    sensitivity (rd.sensitivities: "synthetic", "bn"), or not
     compensate: bool = True            # mean compensation into the consumers' biases
     max_share: float = 0.5             # at most this share of a layer's channels removed
+    coupled: bool = False              # EXPERIMENTAL: also residual-coupled groups (a channel from every
+    #                                    producer at once, pruned); off: not yet shown to help the curve
 
     def __post_init__(self):
         if not 0 <= float(self.alpha) <= 1:
@@ -129,14 +132,22 @@ class _Group:
     producer: str                      # producer node name
     layer_index: int                   # its index among the eligible layers
     classes: tuple
-    mean: np.ndarray                   # m_j
-    var: np.ndarray                    # v_j
-    col: np.ndarray                    # Σ over consumers of ‖W_{l+1}[:, j]‖²
+    mean: np.ndarray                   # m_j, v_j: what the first consumer reads (for merges)
+    var: np.ndarray
+    loss: np.ndarray                   # Σ over consumers c of ‖W_c[:, j]‖² v_{c,j}: pruning j leaves this
     rho: Optional[np.ndarray]          # correlation matrix of the effective neurons (None: no merging)
     homogeneous: bool
     macs_per_channel: float
     activation: str
-    consumers: list                    # (GroupOp, spatial sums per channel: [channels, outputs])
+    consumers: list                    # (GroupOp, its channel positions, spatial sums [channels, outputs])
+    producers: tuple = ()              # every producer's node name (several: residual-coupled)
+    cstats: list = dataclasses.field(default_factory=list)  # per consumer (mean, var) of what it reads
+
+    @property
+    def col(self) -> np.ndarray:
+        """``Σ_c ‖W_c[:, j]‖² v_{c,j} / v_j`` (the consumers' column energy when they read alike)."""
+        v = np.where(self.var > 0, self.var, 1.0)
+        return np.where(self.var > 0, self.loss / v, 0.0)
 
 
 def _bn_stats(consts: ConstantTensors, graph: onnx.GraphProto, op) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -202,7 +213,21 @@ def _activation(consts, graph, group, after: int) -> Tuple[Optional[str], float,
     return None, 0.0, 0.0
 
 
-def _analyse(model, coupling, consts, layer_index, macs_of) -> Tuple[List[_Group], Dict[str, List[str]]]:
+def _channel_stats(st, n_ch: int, inner: int) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+    """Per-channel (mean, var) of a tensor's moment-walk statistics (``inner`` features per channel
+    after a Flatten: their mean and mean variance), None when unknown or not fitting."""
+    if not hasattr(st, "mean") or st.mean is None or st.var is None:
+        return None
+    mean, var = np.asarray(st.mean, np.float64).ravel(), np.asarray(st.var, np.float64).ravel()
+    if mean.size == n_ch * inner and inner > 1:
+        return mean.reshape(n_ch, inner).mean(axis=1), np.maximum(var.reshape(n_ch, inner).mean(axis=1), 0.0)
+    if mean.size != n_ch:
+        return None
+    return mean, np.maximum(var, 0.0)
+
+
+def _analyse(model, coupling, consts, layer_index, macs_of,
+             allow_coupled: bool = False) -> Tuple[List[_Group], Dict[str, List[str]]]:
     from ..analysis.layers import static_shapes
     from ..analysis.theory import moment_state
 
@@ -211,71 +236,68 @@ def _analyse(model, coupling, consts, layer_index, macs_of) -> Tuple[List[_Group
     stats = moment_state(model)
     groups, reasons = [], defaultdict(list)
     for g in coupling.groups:
-        producers = g.producers
-        if not producers:
+        if not g.producers:
             continue
-        pname = producers[0].name
-        if len(producers) > 1:
-            for p in producers:
-                reasons[p.name].append(f"channels coupled with {len(producers) - 1} other producer(s) (residual "
-                                       "Add, Concat...): not reduced")
-            continue
-        prod = producers[0]
+        pname = g.producers[0].name
         for bi, b in enumerate(g.buckets):
             if b.reasons or len(b.classes) < 2:
                 if b.reasons:
-                    reasons[pname].append(f"blocked: {b.reasons[0]}")
+                    for p in g.producers:
+                        reasons[p.name].append(f"blocked: {b.reasons[0]}")
                 continue
-            per_channel = [op for op in g.ops if op.role == PER_CHANNEL and op.tensor in b.tensors]
-            bns = [op for op in per_channel if op.op_type == "BatchNormalization"]
-            last_bn = max((op.node for op in bns), default=prod.node)
-            name, _, _ = _activation(consts, graph, g, last_bn)
-            consumers = g.consumers
+            consumers = [c for c in g.consumers if c.tensor in b.tensors]
+            producers = [p for p in g.producers if p.tensor in b.tensors]
+            if not producers:
+                continue
             if not consumers or any(graph.node[c.node].op_type not in ("Conv", "Gemm", "MatMul") for c in consumers):
                 reasons[pname].append("consumers other than Conv / Gemm / MatMul")
                 continue
-            # the statistics of what the consumers read: the moment walk (analysis.theory), at the
-            # output of the last op before them that keeps the channel layout of the producer
-            tail = max((op for op in g.ops if op.role != CONSUMER and op.tensor in b.tensors
-                        and (op.role in (PRODUCER, PER_CHANNEL) or op.op_type in TRANSPARENT_UNARY)),
-                       key=lambda op: op.node)
-            st = stats.get(tail.tensor)
-            if not hasattr(st, "mean") or st.mean is None or st.var is None:
-                reasons[pname].append(f"no channel statistics for {tail.tensor!r} ({st if isinstance(st, str) else 'unknown'})")
+            coupled = len(producers) > 1 or len(g.buckets) > 1
+            if coupled and not allow_coupled:
+                for p in producers:
+                    reasons[p.name].append(f"channels coupled with {len(producers) - 1} other producer(s) (residual "
+                                           "Add, Concat...): not reduced (ReduceConfig.coupled tries them)")
                 continue
-            pos = coupling.positions(tail.tensor)
-            idx = [pos[c] for c in b.classes]
-            if max(idx) >= np.size(st.mean):
-                reasons[pname].append("channel statistics do not fit the channels")
-                continue
-            mean = np.asarray(st.mean, np.float64)[idx]
-            var = np.maximum(np.asarray(st.var, np.float64)[idx], 0.0)
-            if name is None:
-                name = "other"
-            a = np.ones(len(idx))
-            if len(bns) == 1:
-                bpos = coupling.positions(bns[0].tensor)
-                a = _bn_stats(consts, graph, bns[0])[2][[bpos[c] for c in b.classes]]
-            col = np.zeros(len(idx))
-            sums, macs = [], 0.0
+            # what each consumer reads: the moment walk's statistics of its input (analysis.theory)
+            loss = np.zeros(len(b.classes))
+            sums, macs, cstats, missing = [], 0.0, [], None
             for c in consumers:
                 cpos = coupling.positions(c.tensor)
                 cidx = [cpos[k] for k in b.classes]
-                p = c.params[0]
                 n_ch = len(coupling.layout[c.tensor])
+                st = _channel_stats(stats.get(c.tensor), n_ch, c.inner)
+                if st is None:
+                    missing = c.tensor
+                    break
+                m_c, v_c = st[0][cidx], st[1][cidx]
+                p = c.params[0]
                 w = np.moveaxis(consts.array(p.name).astype(np.float64), p.axis, 0)
-                blocks = w.reshape((n_ch, -1))
-                col += np.sum(blocks[cidx] ** 2, axis=1)
+                loss += np.sum(w.reshape((n_ch, -1))[cidx] ** 2, axis=1) * v_c
                 s = _consumer_sums(consts, graph, c, n_ch, shapes)
                 sums.append((c, cidx, None if s is None else s[cidx]))
+                cstats.append((m_c, v_c))
                 macs += macs_of.get(c.name, 0) / max(n_ch, 1)
-            ppos = coupling.positions(prod.tensor)
-            n_prod = len(coupling.layout[prod.tensor])
-            macs += macs_of.get(pname, 0) / max(n_prod, 1)
+            if missing is not None:
+                why = stats.get(missing)
+                reasons[pname].append(f"no channel statistics for {missing!r}" + (f" ({why})" if isinstance(why, str) else ""))
+                continue
+            for p in producers:
+                macs += macs_of.get(p.name, 0) / max(len(coupling.layout[p.tensor]), 1)
+            per_channel = [op for op in g.ops if op.role == PER_CHANNEL and op.tensor in b.tensors]
+            bns = [op for op in per_channel if op.op_type == "BatchNormalization"]
             others = [op for op in per_channel if op.op_type != "BatchNormalization"]
-            homogeneous = name in ("Relu", "none") and not others
+            last_bn = max((op.node for op in bns), default=producers[0].node)
+            name, _, _ = _activation(consts, graph, g, last_bn)
+            name = "other" if name is None else name
             rho = None
-            if len(bns) <= 1 and not others:
+            if not coupled and len(bns) <= 1 and not others:  # merging: one producer, its BN folded
+                prod = producers[0]
+                a = np.ones(len(b.classes))
+                if bns:
+                    bpos = coupling.positions(bns[0].tensor)
+                    a = _bn_stats(consts, graph, bns[0])[2][[bpos[c] for c in b.classes]]
+                ppos = coupling.positions(prod.tensor)
+                n_prod = len(coupling.layout[prod.tensor])
                 pw = consts.array(prod.params[0].name).astype(np.float64)
                 rows = np.moveaxis(pw, prod.params[0].axis, 0).reshape(n_prod, -1)[[ppos[c] for c in b.classes]]
                 e = rows * a[:, None]
@@ -283,8 +305,10 @@ def _analyse(model, coupling, consts, layer_index, macs_of) -> Tuple[List[_Group
                 norm[norm == 0] = 1.0
                 u = e / norm[:, None]
                 rho = np.clip(u @ u.T, -1.0, 1.0)
-            groups.append(_Group(g.id, bi, pname, layer_index[pname], tuple(b.classes), mean, var, col, rho,
-                                 homogeneous, macs, name, sums))
+            index = min(layer_index[p.name] for p in producers)
+            groups.append(_Group(g.id, bi, producers[0].name, index, tuple(b.classes), cstats[0][0], cstats[0][1], loss, rho,
+                                 name in ("Relu", "none") and not others, macs, name, sums,
+                                 tuple(p.name for p in producers), cstats))
     return groups, reasons
 
 
@@ -322,11 +346,11 @@ def plan(model: onnx.ModelProto, config: ReduceConfig, coupling=None):
     layer_index = {l.node: k for k, l in enumerate(scan.layers)}
     macs_of = {l.node: l.macs or 0 for l in scan.layers}
     macs_total = sum(macs_of.values())
-    groups, reasons = _analyse(model, coupling, consts, layer_index, macs_of)
+    groups, reasons = _analyse(model, coupling, consts, layer_index, macs_of, config.coupled)
     n_layers = len(scan.layers)
     decisions: Dict[int, list] = {k: [] for k in range(len(groups))}
     state = [(set(), set()) for _ in groups]  # (removed, partners)
-    norm = [float(np.sum(gr.col * gr.var)) or 1.0 for gr in groups]
+    norm = [float(np.sum(gr.loss)) or 1.0 for gr in groups]
     weight = [1.0] * len(groups)
     if config.sensitivity != "none" and groups:
         slopes = _slopes(model, config.sensitivity)
@@ -339,7 +363,8 @@ def plan(model: onnx.ModelProto, config: ReduceConfig, coupling=None):
     def best(k, j):
         gr = groups[k]
         v, partner, s = _options(gr, j, state[k][0], config.merge)
-        return gr.col[j] * v / norm[k], partner, s
+        ratio = v / gr.var[j] if gr.var[j] > 0 else 0.0
+        return gr.loss[j] * ratio / norm[k], partner, s
 
     def take(k, j, partner, s, cost):
         state[k][0].add(j)
@@ -438,10 +463,10 @@ def apply_plan(model: onnx.ModelProto, coupling, groups, decisions, reasons, mac
     by_group = {g.id: g for g in coupling.groups}
     for k, gr in enumerate(groups):
         dec = decisions[k]
-        row = LayerReduce(gr.producer, len(gr.classes), len(gr.classes) - len(dec),
-                          sum(p is None for _, p, _, _ in dec), sum(p is not None for _, p, _, _ in dec),
-                          len(dec) / len(gr.classes), float(sum(c for *_, c in dec)), gr.activation)
-        rows.append(row)
+        for name in gr.producers or (gr.producer,):
+            rows.append(LayerReduce(name, len(gr.classes), len(gr.classes) - len(dec),
+                                    sum(p is None for _, p, _, _ in dec), sum(p is not None for _, p, _, _ in dec),
+                                    len(dec) / len(gr.classes), float(sum(c for *_, c in dec)), gr.activation))
         if not dec:
             continue
         g = by_group[gr.gid]
@@ -451,13 +476,13 @@ def apply_plan(model: onnx.ModelProto, coupling, groups, decisions, reasons, mac
             if partner is not None:
                 into[partner].append((j, s))
         if compensate:
-            for c, cidx, sums in gr.consumers:
+            for (c, cidx, sums), (m_c, _) in zip(gr.consumers, gr.cstats):
                 if sums is None:
                     uncompensated.add(c.name)
                     continue
                 d = np.zeros(sums.shape[1])
                 for j, partner, s, _ in dec:
-                    dm = gr.mean[j] - (s * gr.mean[partner] if partner is not None else 0.0)
+                    dm = m_c[j] - (s * m_c[partner] if partner is not None else 0.0)
                     d += dm * sums[j]
                 shift[c.node] = shift.get(c.node, 0) + d
         for t in g.tensors:
@@ -497,11 +522,13 @@ def apply_plan(model: onnx.ModelProto, coupling, groups, decisions, reasons, mac
         if name not in seen:
             rows.append(LayerReduce(name, 0, 0, reasons=list(rs)))
     notes = []
-    removed = sum(r.pruned + r.merged for r in rows)
+    all_dec = [d for k in decisions for d in decisions[k]]
+    removed = len(all_dec)
+    n_merged = sum(p is not None for _, p, _, _ in all_dec)
     if removed:
-        notes.append(f"reduce removed {removed} channels ({sum(r.merged for r in rows)} merged into a scaled "
-                     f"partner, {sum(r.pruned for r in rows)} pruned), data-free; the function changes "
-                     "(predicted relative cost per layer in the rows)")
+        notes.append(f"reduce removed {removed} channels ({n_merged} merged into a scaled partner, "
+                     f"{removed - n_merged} pruned), data-free; the function changes (predicted relative cost "
+                     "per layer in the rows)")
         if compensate:
             notes.append("mean compensation: each removed channel's expected value (Gaussian model of its "
                          "BatchNorm statistics) went into its consumers' biases, averaged over output positions "
@@ -509,7 +536,7 @@ def apply_plan(model: onnx.ModelProto, coupling, groups, decisions, reasons, mac
         if uncompensated:
             notes.append(f"no bias to compensate into for {', '.join(sorted(uncompensated))} (MatMul)")
     return ReduceResult(out, rows, macs_total, macs_after, params_before, params_after,
-                        float(sum(r.cost for r in rows)), notes, time.perf_counter() - t0)
+                        float(sum(c for *_, c in all_dec)), notes, time.perf_counter() - t0)
 
 
 def _add_bias(ctx: EditContext, i: int, d: np.ndarray) -> None:

@@ -133,18 +133,24 @@ def _residual(seed=4, c=8):
     return g.model(["N", 4, SIZE, SIZE], y)
 
 
-def test_coupled_channels_are_left_alone_and_inner_ones_reduced():
+def test_coupled_channels_go_from_every_producer_at_once():
     model = _residual()
-    res = R.reduce_channels(model, R.ReduceConfig(alpha=0.5, strategy="uniform"))
-    rows = {r.name: r for r in res.layers}
-    reduced = [r for r in res.layers if r.pruned + r.merged]
-    assert len(reduced) == 1 and reduced[0].channels_after == 4  # the inner conv: half of 8
-    coupled = [r for r in rows.values() if any("coupled" in x for x in r.reasons)]
-    assert len(coupled) == 2  # the first conv and the last, joined by the Add
+    default = R.reduce_channels(model, R.ReduceConfig(alpha=0.5, strategy="uniform"))
+    assert sum(r.pruned + r.merged for r in default.layers) == 4  # the inner conv's half only
+    assert sum(any("coupled" in x for x in r.reasons) for r in default.layers) == 2
+    groups, decisions = _decisions(model, R.ReduceConfig(alpha=0.5, strategy="uniform", coupled=True))
+    coupled = [k for k, gr in enumerate(groups) if len(gr.producers) == 2]
+    assert len(coupled) == 1 and len(groups) == 2  # the Add's channels; the inner conv's
+    assert all(p is None for _, p, _, _ in decisions[coupled[0]])  # pruned, never merged
+    res = R.reduce_channels(model, R.ReduceConfig(alpha=0.5, strategy="uniform", coupled=True))
+    after = sorted(l.weight_shape[:2] for l in scan_layers(res.model).layers if len(l.weight_shape) == 4)
+    # half of the residual channels (8 -> 4) from the first and last conv, and half the inner ones
+    assert after == [(4, 4, ), (4, 4), (4, 4)]
+    gemm = [l for l in scan_layers(res.model).layers if l.op_type == "Gemm"][0]
+    assert 4 in gemm.weight_shape
     x = _x()
-    assert _rel(_run(model, x), _run(res.model, x)) < 0.6
-    after = {l.node: l.weight_shape for l in scan_layers(res.model).layers}
-    assert sorted(s[0] for s in after.values() if len(s) == 4) == [4, 8, 8]
+    err = _rel(_run(model, x), _run(res.model, x))
+    assert 1e-3 < err < 1.0 and np.isfinite(_run(res.model, x)).all()
 
 
 def test_a_model_without_batchnorm_gets_statistics_from_the_moment_walk():
@@ -166,7 +172,7 @@ def test_a_model_without_batchnorm_gets_statistics_from_the_moment_walk():
                                               coupling)
     dearest = {}
     for k, gr in enumerate(groups):
-        order = np.argsort(-(gr.col * gr.var))[:len(decisions[k])]
+        order = np.argsort(-gr.loss)[:len(decisions[k])]
         dearest[k] = [(int(j), None, 0.0, 0.0) for j in order]
     worse = R.apply_plan(model, coupling, groups, dearest, reasons, macs)
     assert _rel(_run(model, x), _run(worse.model, x)) > 1.5 * err
