@@ -70,6 +70,8 @@ class ReduceConfig:
     #                                    sensitivity (rd.sensitivities: "synthetic", "bn"), or not
     compensate: bool = True            # mean compensation into the consumers' biases
     max_share: float = 0.5             # at most this share of a layer's channels removed
+    scale: str = "group"               # cost units: "group" (share of the consumers' output variance from
+    #                                    the group) or "bn" (variance after the consumers' BatchNorm, a_o²)
     coupled: bool = False              # EXPERIMENTAL: also residual-coupled groups (a channel from every
     #                                    producer at once, pruned); off: not yet shown to help the curve
 
@@ -82,6 +84,8 @@ class ReduceConfig:
             raise RedppError(f"--target-macs must be in (0, 1], got {self.target_macs!r}")
         if self.sensitivity not in ("synthetic", "bn", "none"):
             raise RedppError(f"sensitivity must be synthetic, bn or none, got {self.sensitivity!r}")
+        if self.scale not in ("group", "bn"):
+            raise RedppError(f"scale must be group or bn, got {self.scale!r}")
         if self.order not in ORDERS:
             raise RedppError(f"order must be one of {', '.join(ORDERS)}, got {self.order!r}")
 
@@ -213,6 +217,17 @@ def _activation(consts, graph, group, after: int) -> Tuple[Optional[str], float,
     return None, 0.0, 0.0
 
 
+def _output_gain(consts, users, node) -> Optional[np.ndarray]:
+    """``a_o = γ_o / sqrt(var_o + ε)`` of the BatchNormalization right after ``node``, or None."""
+    after = users.get(node.output[0], [])
+    if len(after) != 1 or after[0].op_type != "BatchNormalization":
+        return None
+    bn = after[0]
+    gamma, var = consts.array(bn.input[1]).astype(np.float64).ravel(), consts.array(bn.input[4]).astype(np.float64).ravel()
+    eps = next((onnx.helper.get_attribute_value(a) for a in bn.attribute if a.name == "epsilon"), 1e-5)
+    return np.abs(gamma) / np.sqrt(var + eps)
+
+
 def _channel_stats(st, n_ch: int, inner: int) -> Optional[Tuple[np.ndarray, np.ndarray]]:
     """Per-channel (mean, var) of a tensor's moment-walk statistics (``inner`` features per channel
     after a Flatten: their mean and mean variance), None when unknown or not fitting."""
@@ -226,14 +241,18 @@ def _channel_stats(st, n_ch: int, inner: int) -> Optional[Tuple[np.ndarray, np.n
     return mean, np.maximum(var, 0.0)
 
 
-def _analyse(model, coupling, consts, layer_index, macs_of,
-             allow_coupled: bool = False) -> Tuple[List[_Group], Dict[str, List[str]]]:
+def _analyse(model, coupling, consts, layer_index, macs_of, allow_coupled: bool = False,
+             bn_scale: bool = False) -> Tuple[List[_Group], Dict[str, List[str]]]:
     from ..analysis.layers import static_shapes
     from ..analysis.theory import moment_state
 
     graph = model.graph
     shapes = static_shapes(model)
     stats = moment_state(model)
+    users = defaultdict(list)
+    for n in graph.node:
+        for x in n.input:
+            users[x].append(n)
     groups, reasons = [], defaultdict(list)
     for g in coupling.groups:
         if not g.producers:
@@ -272,6 +291,10 @@ def _analyse(model, coupling, consts, layer_index, macs_of,
                 m_c, v_c = st[0][cidx], st[1][cidx]
                 p = c.params[0]
                 w = np.moveaxis(consts.array(p.name).astype(np.float64), p.axis, 0)
+                if bn_scale:
+                    gain = _output_gain(consts, users, graph.node[c.node])
+                    if gain is not None and w.ndim >= 2 and w.shape[1] == gain.size:
+                        w = w * gain.reshape((1, -1) + (1,) * (w.ndim - 2))
                 loss += np.sum(w.reshape((n_ch, -1))[cidx] ** 2, axis=1) * v_c
                 s = _consumer_sums(consts, graph, c, n_ch, shapes)
                 sums.append((c, cidx, None if s is None else s[cidx]))
@@ -346,11 +369,11 @@ def plan(model: onnx.ModelProto, config: ReduceConfig, coupling=None):
     layer_index = {l.node: k for k, l in enumerate(scan.layers)}
     macs_of = {l.node: l.macs or 0 for l in scan.layers}
     macs_total = sum(macs_of.values())
-    groups, reasons = _analyse(model, coupling, consts, layer_index, macs_of, config.coupled)
+    groups, reasons = _analyse(model, coupling, consts, layer_index, macs_of, config.coupled, config.scale == "bn")
     n_layers = len(scan.layers)
     decisions: Dict[int, list] = {k: [] for k in range(len(groups))}
     state = [(set(), set()) for _ in groups]  # (removed, partners)
-    norm = [float(np.sum(gr.loss)) or 1.0 for gr in groups]
+    norm = [float(np.sum(gr.loss)) or 1.0 for gr in groups] if config.scale == "group" else [1.0] * len(groups)
     weight = [1.0] * len(groups)
     if config.sensitivity != "none" and groups:
         slopes = _slopes(model, config.sensitivity)
