@@ -10,7 +10,9 @@ measures in fresh processes:
 * ``fast path (redpp_onnx.session)``: the same file through ``redpp_onnx.session(path)``: the map
   is checked, the weights decoded in C++ and handed to onnxruntime; the time counts everything
   from the path to the session (reading, checking, decoding, onnxruntime);
-* ``fp32 (redpp_onnx.session)``, for reference: what importing redpp-onnx (onnx, numpy) adds.
+* ``fp32 (redpp_onnx.session)``, for reference: what importing redpp-onnx (onnx, numpy) adds;
+* ``compact (redpp_onnx.session)``: the same hashed weights written with ``--storage compact``
+  (rANS codes, ``redpp_onnx/compact.py``) through ``redpp_onnx.session(path)``.
 
 Each process reports its peak RSS (VmHWM) and the seconds to create the session. The variants
 alternate within each of ``--runs`` rounds (the machine is shared); every figure is the median
@@ -65,7 +67,8 @@ seconds = time.perf_counter() - t
 print(json.dumps(dict(info, create_s=seconds, peak_kb=peak(), imports_kb=before)))
 """
 VARIANTS = [("fp32", "ort", "fp32"), ("standard-ops (onnxruntime)", "ort", "codebook"),
-            ("fast path (redpp_onnx.session)", "redpp", "codebook"), ("fp32 (redpp_onnx.session)", "redpp", "fp32")]
+            ("fast path (redpp_onnx.session)", "redpp", "codebook"), ("fp32 (redpp_onnx.session)", "redpp", "fp32"),
+            ("compact (redpp_onnx.session)", "redpp", "compact")]
 MODELS = {"resnet50_synthetic": None, "imagenet_efficientnet_lite0": "imagenet_efficientnet_lite0.onnx"}
 
 
@@ -77,7 +80,7 @@ def _sources_key(*relpaths) -> str:
 
 
 HASH_KEY = ("redpp_onnx/hashing/kde.py", "redpp_onnx/hashing/rd.py", "redpp_onnx/passes/hash.py", "redpp_onnx/config.py")
-STORE_KEY = ("redpp_onnx/passes/codebook.py", "redpp_onnx/passes/hash.py")
+STORE_KEY = ("redpp_onnx/passes/codebook.py", "redpp_onnx/passes/hash.py", "redpp_onnx/compact.py", "csrc/rans.h")
 
 
 def prepare(name: str, source, cache: Path) -> dict:
@@ -100,19 +103,23 @@ def prepare(name: str, source, cache: Path) -> dict:
             "axes": result.lattice_axes,
             "groups": {w: g.tolist() for w, g in result.lattice_groups.items()}}))
     skey = _sources_key(*STORE_KEY)
-    packed = cache / f"{name}.codebook.{hkey}.{skey}.onnx"
-    if not packed.is_file():
-        saved = json.loads(units_path.read_text())
-        units = {w: (np.asarray(u, np.float64) if isinstance(u, list) else u) for w, u in saved["units"].items()}
-        rows = [LayerHash(w, "", w, (), 0, None, "rd", 0, 0, 0.0) for w in units]
-        result = HashPassResult(onnx.load(str(hashed)), rows, [], lattice_units=units, lattice_axes=saved["axes"],
-                                lattice_groups={w: np.asarray(g, np.int64) for w, g in saved["groups"].items()})
-        t = time.perf_counter()
-        store_codebooks(result)  # what compress --codebook does after hashing
-        print(f"{name}: codebooks written in {time.perf_counter() - t:.0f} s ({result.codebook_layers} tensors)",
-              flush=True)
-        onnx.save(result.model, str(packed))
-    return {"fp32": fp32, "hashed": hashed, "codebook": packed}
+    out = {"fp32": fp32, "hashed": hashed}
+    for form, which in (("standard", "codebook"), ("compact", "compact")):
+        packed = cache / f"{name}.{which}.{hkey}.{skey}.onnx"
+        if not packed.is_file():
+            saved = json.loads(units_path.read_text())
+            units = {w: (np.asarray(u, np.float64) if isinstance(u, list) else u) for w, u in saved["units"].items()}
+            rows = [LayerHash(w, "", w, (), 0, None, "rd", 0, 0, 0.0) for w in units]
+            result = HashPassResult(onnx.load(str(hashed)), rows, [], lattice_units=units,
+                                    lattice_axes=saved["axes"],
+                                    lattice_groups={w: np.asarray(g, np.int64) for w, g in saved["groups"].items()})
+            t = time.perf_counter()
+            store_codebooks(result, form)  # what compress (--storage FORM) does after hashing
+            print(f"{name}: codebooks ({form}) written in {time.perf_counter() - t:.0f} s "
+                  f"({result.codebook_layers} tensors)", flush=True)
+            onnx.save(result.model, str(packed))
+        out[which] = packed
+    return out
 
 
 def outputs_equal(paths: dict) -> dict:
@@ -127,8 +134,10 @@ def outputs_equal(paths: dict) -> dict:
     del fast
     y_std = session(str(paths["codebook"]), decode_codebooks=False).run(None, {inp.name: x})[0]
     y_plain = session(str(paths["hashed"])).run(None, {inp.name: x})[0]
+    y_compact = session(str(paths["compact"])).run(None, {inp.name: x})[0]
     return {"fast_vs_standard_ops": bool(np.array_equal(y_fast, y_std)),
-            "fast_vs_plain_hashed": bool(np.array_equal(y_fast, y_plain))}
+            "fast_vs_plain_hashed": bool(np.array_equal(y_fast, y_plain)),
+            "compact_vs_plain_hashed": bool(np.array_equal(y_compact, y_plain))}
 
 
 def measure(paths: dict, runs: int) -> list:
@@ -199,16 +208,18 @@ def main(argv=None):
         entry = {"model": name, "params": params, "stored_weights": info["stored_weights"],
                  "tensors": info["tensors"], "grouped_tensors": info["grouped_tensors"],
                  "outputs_equal": outputs_equal(paths), "decode": decode_speed(paths["codebook"]),
+                 "decode_compact": decode_speed(paths["compact"]),
                  "rows": measure(paths, args.runs)}
         results.append(entry)
         print(f"{'variant':<32} {'file bytes':>12} {'peak MiB':>9} {'x fp32':>7} {'create s':>9} {'x fp32':>7}")
         for row in entry["rows"]:
             print(f"{row['variant']:<32} {row['file_bytes']:>12,} {row['peak_rss_mib']:>9.0f} "
                   f"{row['peak_ratio']:>7.2f} {row['create_s']:>9.2f} {row['time_ratio']:>7.2f}")
-        d = entry["decode"]
-        print(f"decode (in process): {d['decode_s']:.3f} s, {d['ns_per_weight']:.1f} ns per stored weight, of which "
-              f"the C++ decoder {d['decoder_ns_per_weight']:.1f} ns; outputs equal: {entry['outputs_equal']}",
-              flush=True)
+        for key, label in (("decode", "map"), ("decode_compact", "compact")):
+            d = entry[key]
+            print(f"decode {label} (in process): {d['decode_s']:.3f} s, {d['ns_per_weight']:.1f} ns per stored weight, "
+                  f"of which the C++ decoder {d['decoder_ns_per_weight']:.1f} ns", flush=True)
+        print(f"outputs equal: {entry['outputs_equal']}", flush=True)
     write_json(args.out, {"runs": args.runs, "models": results})
 
 

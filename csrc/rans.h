@@ -118,6 +118,30 @@ void Decode(const uint32_t* words, size_t n_words, const Layout& l, const Models
   const int s = models.scale_bits;
   const uint64_t mask = (uint64_t(1) << s) - 1;
   const int64_t n = l.count();
+  // slot -> symbol tables when they pay for themselves (2^S entries a model, at most 2^16
+  // symbols): the models used, if their tables are not larger than 4 entries a symbol
+  std::vector<int64_t> lut_of(models.start.size() - 1, -1);
+  std::vector<uint16_t> luts;
+  {
+    size_t used = 0;
+    for (int64_t ch = 0; ch < l.channels; ++ch) {
+      int64_t& k = lut_of[size_t(l.channel_model[ch])];
+      if (k == -1) k = -2, ++used;
+    }
+    const bool fits = s <= 16 && used * (size_t(1) << s) <= size_t(4) * size_t(std::max<int64_t>(n, 0)) + 65536;
+    for (size_t m = 0; m < lut_of.size(); ++m) {
+      if (lut_of[m] != -2) continue;
+      if (!fits || models.size(m) > 65536) {
+        lut_of[m] = -1;
+        continue;
+      }
+      lut_of[m] = int64_t(luts.size());
+      luts.resize(luts.size() + (size_t(1) << s));
+      uint16_t* t = luts.data() + lut_of[m];
+      for (uint64_t k = models.start[m]; k < models.start[m + 1]; ++k)
+        std::fill(t + models.cum[k], t + models.cum[k] + models.freqs[k], uint16_t(k - models.start[m]));
+    }
+  }
   for (int64_t o = 0, i = 0; o < l.outer; ++o) {
     for (int64_t ch = 0; ch < l.channels; ++ch) {
       const size_t m = size_t(l.channel_model[ch]);
@@ -125,10 +149,12 @@ void Decode(const uint32_t* words, size_t n_words, const Layout& l, const Models
       const uint32_t* cum = models.cum.data() + b;
       const uint32_t* freq = models.freqs + b;
       const size_t size = models.size(m);
+      const uint16_t* lut = lut_of[m] >= 0 ? luts.data() + lut_of[m] : nullptr;
       for (int64_t j = 0; j < l.inner; ++j, ++i) {
         if (x < kLow) throw std::invalid_argument("rans: the stream is corrupted (state out of range)");
         const uint32_t slot = uint32_t(x & mask);
-        const size_t sym = size_t(std::upper_bound(cum, cum + size, slot) - cum) - 1;  // cum[0] == 0 <= slot
+        const size_t sym = lut ? size_t(lut[slot])
+                               : size_t(std::upper_bound(cum, cum + size, slot) - cum) - 1;  // cum[0] == 0 <= slot
         x = freq[sym] * (x >> s) + slot - cum[sym];
         if (x < kLow) {
           if (pos >= n_words) throw std::invalid_argument("rans: the stream ends early");
