@@ -12,6 +12,12 @@ emitted / original, and the median over i of the ratio of the i-th runs (adjacen
 slow episode of the machine affects both members of a pair: the robust estimate on a shared VM).
 
     python benchmarks/bench_latency.py [--repeat 15] [--out benchmarks/results/latency.json]
+
+With ``--target-macs F [F ...]`` (and usually ``--models`` and ``--out``) it times instead the
+outputs of ``compress --target-macs F`` (channel reduction, then the default hashing and storage)
+against the original, next to the A/A control: e.g.
+``python benchmarks/bench_latency.py --models cifar10_resnet56.onnx --target-macs 0.8 0.7
+--out benchmarks/results/latency_reduce.json``.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import onnxruntime  # noqa: E402
 from redpp_onnx import io, session  # noqa: E402
 from redpp_onnx.bench import timed_pair  # noqa: E402
 from redpp_onnx.compress import compress  # noqa: E402
-from redpp_onnx.config import CompressConfig  # noqa: E402
+from redpp_onnx.config import CompressConfig, MergeConfig  # noqa: E402
 from redpp_onnx.passes.split import SplitConfig  # noqa: E402
 
 MODELS = ("cifar10_resnet20.onnx", "cifar10_resnet56.onnx", "imagenet_efficientnet_lite0.onnx")
@@ -44,17 +50,24 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=40, help="runs per model and configuration (pooled)")
     ap.add_argument("--session-pairs", type=int, default=8,
                     help="session pairs per configuration for the default output (half in each creation order)")
+    ap.add_argument("--models", nargs="*", default=list(MODELS))
+    ap.add_argument("--target-macs", nargs="*", type=float, default=None,
+                    help="time compress --target-macs F outputs instead of the default / split all ones")
     args = ap.parse_args(argv)
     default_steps = CompressConfig().steps
     variants = {"A/A control": None,  # the original against itself: the measurement's own noise
                 "default": CompressConfig(verify=False),
                 "split all": CompressConfig(steps=tuple(dict.fromkeys(default_steps + ("split",))),
                                             split=SplitConfig(mode="all"), verify=False)}
+    if args.target_macs:
+        variants = {"A/A control": None}
+        for f in args.target_macs:
+            variants[f"target-macs {f:g}"] = CompressConfig(merge=MergeConfig(target_macs=f), verify=False)
     rows = []
     print(f"default steps: {','.join(default_steps)}; onnxruntime {onnxruntime.__version__}")
     print(f"{'model':34} {'variant':10} {'batch':>5} {'thr':>3} {'orig ms':>9} {'emitted ms':>10} {'ratio':>6} "
           f"{'paired':>6}")
-    for name in MODELS:
+    for name in args.models:
         original = io.load_model(Path(args.shared) / name)
         shape = [d.dim_value for d in original.graph.input[0].type.tensor_type.shape.dim[1:]]
         for variant, cfg in variants.items():
@@ -86,13 +99,17 @@ def main(argv=None):
                            "paired_ratio": paired,
                            "original_runs_ms": [1e3 * t for t in ta], "emitted_runs_ms": [1e3 * t for t in tb],
                            "split_layers": report.model.get("split_layers") if report else 0,
-                           "pruning_ratio": report.model["pruning_ratio"] if report else 0.0}
+                           "pruning_ratio": report.model["pruning_ratio"] if report else 0.0,
+                           "macs_before": report.model.get("macs_before") if report else None,
+                           "macs_after": report.model.get("macs_after") if report else None}
                     rows.append(row)
                     flag = "" if variant != "default" or row["ratio"] <= LIMIT else "  > 1.02x"
                     print(f"{name:34} {variant:10} {batch:>5} {threads:>3} {row['original_ms']:9.2f} "
                           f"{row['emitted_ms']:10.2f} {row['ratio']:6.3f} {paired:6.3f}{flag}", flush=True)
-    for variant in ("A/A control", "default"):
+    for variant in variants:
         sel = [r for r in rows if r["variant"] == variant]
+        if not sel or variant == "split all":
+            continue
         print(f"{variant}: ratio of medians {min(r['ratio'] for r in sel):.3f} .. {max(r['ratio'] for r in sel):.3f}, "
               f"median paired ratio {min(r['paired_ratio'] for r in sel):.3f} .. "
               f"{max(r['paired_ratio'] for r in sel):.3f} (limit for the default output {LIMIT})")

@@ -28,7 +28,10 @@ every producer of the group at once, pruned, never merged; experimental, off by 
   channels (first third of the eligible layers ``max(2α − 1, 0)``, middle ``α``, last third
   ``min(2α, 1)``), ``uniform`` α everywhere; ``target_macs = F`` keeps at most ``F`` of the
   eligible MACs by one global order of the relative costs (``order="cost"``) or of the relative
-  cost per MAC saved (``order="cost_per_mac"``). At most ``max_share`` of a layer's channels go.
+  cost per MAC saved (``order="cost_per_mac"``, the default) of each layer's next chunk. At most
+  ``max_share`` of a layer's channels go, and a layer keeps a multiple of ``multiple`` channels
+  (8: onnxruntime's Conv runs channel blocks of 8 on AVX2; ResNet-56 with 20 % of its MACs removed
+  in arbitrary counts ran 1.07-1.25x SLOWER than the original).
 
 Data-free: no data is read. It changes the function; the result says by how much it predicts
 (the relative costs) and the verification measures it.
@@ -70,6 +73,8 @@ class ReduceConfig:
     #                                    sensitivity (rd.sensitivities: "synthetic", "bn"), or not
     compensate: bool = True            # mean compensation into the consumers' biases
     max_share: float = 0.5             # at most this share of a layer's channels removed
+    multiple: int = 8                  # kept channel counts are multiples of this (onnxruntime's NCHWc
+    #                                    block on AVX2 is 8: other counts make its Conv slower, measured)
     scale: str = "group"               # cost units: "group" (share of the consumers' output variance from
     #                                    the group) or "bn" (variance after the consumers' BatchNorm, a_o²)
     coupled: bool = False              # EXPERIMENTAL: also residual-coupled groups (a channel from every
@@ -84,6 +89,8 @@ class ReduceConfig:
             raise RedppError(f"--target-macs must be in (0, 1], got {self.target_macs!r}")
         if self.sensitivity not in ("synthetic", "bn", "none"):
             raise RedppError(f"sensitivity must be synthetic, bn or none, got {self.sensitivity!r}")
+        if not isinstance(self.multiple, int) or self.multiple < 1:
+            raise RedppError(f"multiple must be a positive integer, got {self.multiple!r}")
         if self.scale not in ("group", "bn"):
             raise RedppError(f"scale must be group or bn, got {self.scale!r}")
         if self.order not in ORDERS:
@@ -398,44 +405,64 @@ def plan(model: onnx.ModelProto, config: ReduceConfig, coupling=None):
     def limit(k):
         return int(math.floor(config.max_share * len(groups[k].classes)))
 
+    def sequence(k):
+        """Group ``k``'s channels in the order the per-layer greedy removes them (cheapest first,
+        partners kept), up to ``max_share``: any prefix is a valid removal."""
+        gr = groups[k]
+        heap = [(best(k, j)[0], j) for j in range(len(gr.classes))]
+        heapq.heapify(heap)
+        while heap and len(state[k][0]) < limit(k):
+            c, j = heapq.heappop(heap)
+            if j in state[k][0] or j in state[k][1]:
+                continue
+            c2, partner, s = best(k, j)
+            if c2 > c * (1 + 1e-12) + 1e-15:  # its partner went: re-queue at its new cost
+                heapq.heappush(heap, (c2, j))
+                continue
+            take(k, j, partner, s, c2)
+        seq = decisions[k]
+        decisions[k] = []
+        return seq
+
+    def counts(k, n_seq):
+        """Removal counts that leave a multiple of ``config.multiple`` channels (0 always)."""
+        c = len(groups[k].classes)
+        return [r for r in range(1, n_seq + 1) if (c - r) % config.multiple == 0]
+
+    seqs = [sequence(k) for k in range(len(groups))]
     if config.target_macs is None:
         for k, gr in enumerate(groups):
-            want = min(int(math.floor(config.alpha_for(gr.layer_index, n_layers) * len(gr.classes))), limit(k))
-            heap = [(best(k, j)[0], j) for j in range(len(gr.classes))]
-            heapq.heapify(heap)
-            while heap and len(state[k][0]) < want:
-                c, j = heapq.heappop(heap)
-                if j in state[k][0] or j in state[k][1]:
-                    continue
-                c2, partner, s = best(k, j)
-                if c2 > c * (1 + 1e-12) + 1e-15:  # its partner went: re-queue at its new cost
-                    heapq.heappush(heap, (c2, j))
-                    continue
-                take(k, j, partner, s, c2)
+            want = int(math.floor(config.alpha_for(gr.layer_index, n_layers) * len(gr.classes)))
+            ok = [r for r in counts(k, len(seqs[k])) if r <= want]
+            decisions[k] = seqs[k][:max(ok)] if ok else []
     else:
         budget = (1.0 - float(config.target_macs)) * macs_total
         removed_macs = 0.0
+        taken = [0] * len(groups)
+        options = [counts(k, len(seqs[k])) for k in range(len(groups))]
 
-        def key(k, c):
-            return c / groups[k].macs_per_channel if config.order == "cost_per_mac" and groups[k].macs_per_channel else c
+        def chunk(k):
+            nxt = [r for r in options[k] if r > taken[k]]
+            if not nxt:
+                return None
+            r = nxt[0]
+            cost = sum(d[3] for d in seqs[k][taken[k]:r])
+            n = r - taken[k]
+            per = groups[k].macs_per_channel
+            key = cost / (n * per) if config.order == "cost_per_mac" and per else cost / n
+            return (key, k, r)
 
-        heap = []
-        for k, gr in enumerate(groups):
-            for j in range(len(gr.classes)):
-                c = best(k, j)[0]
-                heap.append((key(k, c), c, k, j))
+        heap = [c for c in (chunk(k) for k in range(len(groups))) if c is not None]
         heapq.heapify(heap)
         while heap and removed_macs < budget:
-            _, c, k, j = heapq.heappop(heap)
-            removed, partners = state[k]
-            if j in removed or j in partners or len(removed) >= limit(k):
-                continue
-            c2, partner, s = best(k, j)
-            if c2 > c * (1 + 1e-12) + 1e-15:
-                heapq.heappush(heap, (key(k, c2), c2, k, j))
-                continue
-            take(k, j, partner, s, c2)
-            removed_macs += groups[k].macs_per_channel
+            _, k, r = heapq.heappop(heap)
+            removed_macs += (r - taken[k]) * groups[k].macs_per_channel
+            taken[k] = r
+            c = chunk(k)
+            if c is not None:
+                heapq.heappush(heap, c)
+        for k in range(len(groups)):
+            decisions[k] = seqs[k][:taken[k]]
     return groups, decisions, reasons, macs_total
 
 

@@ -72,20 +72,20 @@ def _decisions(model, config):
 
 def test_pruning_a_constant_channel_is_exact_with_its_mean_compensated():
     model = _chain(constant=3)
-    res = R.reduce_channels(model, R.ReduceConfig(alpha=0.1, strategy="uniform"))  # floor(0.8) = 0 channels
+    res = R.reduce_channels(model, R.ReduceConfig(alpha=0.1, strategy="uniform", multiple=1))  # floor(0.8) = 0 channels
     assert res.macs_after == res.macs_before
-    res = R.reduce_channels(model, R.ReduceConfig(alpha=0.125, strategy="uniform"))  # 1 of 8
+    res = R.reduce_channels(model, R.ReduceConfig(alpha=0.125, strategy="uniform", multiple=1))  # 1 of 8
     row = next(r for r in res.layers if r.pruned + r.merged)
     assert (row.channels_before, row.channels_after, row.pruned) == (8, 7, 1) and row.cost == 0.0
     x = _x()
     assert _rel(_run(model, x), _run(res.model, x)) < 1e-6  # 1x1 consumer: exact
-    off = R.reduce_channels(model, R.ReduceConfig(alpha=0.125, strategy="uniform", compensate=False))
+    off = R.reduce_channels(model, R.ReduceConfig(alpha=0.125, strategy="uniform", compensate=False, multiple=1))
     assert _rel(_run(model, x), _run(off.model, x)) > 1e-2  # without compensation its mean is lost
 
 
 def test_compensation_through_a_padded_consumer_is_exact_in_the_mean_over_positions():
     model = _chain(constant=5, k2=3)
-    res = R.reduce_channels(model, R.ReduceConfig(alpha=0.125, strategy="uniform"))
+    res = R.reduce_channels(model, R.ReduceConfig(alpha=0.125, strategy="uniform", multiple=1))
     assert sum(r.pruned for r in res.layers) == 1
     x = _x()
     a, b = _run(model, x), _run(res.model, x)
@@ -97,13 +97,13 @@ def test_compensation_through_a_padded_consumer_is_exact_in_the_mean_over_positi
 @pytest.mark.parametrize("act", ["Relu", "none"])
 def test_scale_matching_is_exact_for_a_homogeneous_activation(act):
     model = _chain(act=act, scaled=(6, 2, 2.5), seed=3)
-    groups, decisions = _decisions(model, R.ReduceConfig(alpha=0.125, strategy="uniform"))
+    groups, decisions = _decisions(model, R.ReduceConfig(alpha=0.125, strategy="uniform", multiple=1))
     (k, dec), = [(k, d) for k, d in decisions.items() if d]
     j, partner, s, cost = dec[0]
     gr = groups[k]
     assert {gr.classes[j], gr.classes[partner]} == {6, 2}
     assert s == pytest.approx(2.5 if gr.classes[j] == 6 else 0.4, rel=1e-5) and cost < 1e-9
-    res = R.reduce_channels(model, R.ReduceConfig(alpha=0.125, strategy="uniform"))
+    res = R.reduce_channels(model, R.ReduceConfig(alpha=0.125, strategy="uniform", multiple=1))
     assert sum(r.merged for r in res.layers) == 1 and sum(r.pruned for r in res.layers) == 0
     x = _x()
     assert _rel(_run(model, x), _run(res.model, x)) < 1e-5
@@ -113,11 +113,11 @@ def test_scale_matching_is_refused_for_a_clip():
     """Relu6 is not positively homogeneous: a channel 2.5x another is not its scaled copy there;
     only s = 1 merges are allowed, so it is pruned (or merged with s = 1), never scaled."""
     model = _chain(act="Clip", scaled=(6, 2, 2.5), seed=3)
-    _, decisions = _decisions(model, R.ReduceConfig(alpha=0.125, strategy="uniform"))
+    _, decisions = _decisions(model, R.ReduceConfig(alpha=0.125, strategy="uniform", multiple=1))
     for dec in decisions.values():
         for j, partner, s, _ in dec:
             assert partner is None or s == 1.0
-    res = R.reduce_channels(model, R.ReduceConfig(alpha=0.125, strategy="uniform"))
+    res = R.reduce_channels(model, R.ReduceConfig(alpha=0.125, strategy="uniform", multiple=1))
     assert sum(r.pruned + r.merged for r in res.layers) == 1
     x = _x()
     assert 1e-4 < _rel(_run(model, x), _run(res.model, x)) < 0.5
@@ -135,14 +135,14 @@ def _residual(seed=4, c=8):
 
 def test_coupled_channels_go_from_every_producer_at_once():
     model = _residual()
-    default = R.reduce_channels(model, R.ReduceConfig(alpha=0.5, strategy="uniform"))
+    default = R.reduce_channels(model, R.ReduceConfig(alpha=0.5, strategy="uniform", multiple=1))
     assert sum(r.pruned + r.merged for r in default.layers) == 4  # the inner conv's half only
     assert sum(any("coupled" in x for x in r.reasons) for r in default.layers) == 2
-    groups, decisions = _decisions(model, R.ReduceConfig(alpha=0.5, strategy="uniform", coupled=True))
+    groups, decisions = _decisions(model, R.ReduceConfig(alpha=0.5, strategy="uniform", coupled=True, multiple=1))
     coupled = [k for k, gr in enumerate(groups) if len(gr.producers) == 2]
     assert len(coupled) == 1 and len(groups) == 2  # the Add's channels; the inner conv's
     assert all(p is None for _, p, _, _ in decisions[coupled[0]])  # pruned, never merged
-    res = R.reduce_channels(model, R.ReduceConfig(alpha=0.5, strategy="uniform", coupled=True))
+    res = R.reduce_channels(model, R.ReduceConfig(alpha=0.5, strategy="uniform", coupled=True, multiple=1))
     after = sorted(l.weight_shape[:2] for l in scan_layers(res.model).layers if len(l.weight_shape) == 4)
     # half of the residual channels (8 -> 4) from the first and last conv, and half the inner ones
     assert after == [(4, 4, ), (4, 4), (4, 4)]
@@ -158,7 +158,7 @@ def test_a_model_without_batchnorm_gets_statistics_from_the_moment_walk():
     h = g.node("Relu", [g.conv("x", 4, 16)])
     y = g.gemm(g.node("Flatten", [g.node("GlobalAveragePool", [g.node("Relu", [g.conv(h, 16, 12)])])]), 12, 5)
     model = g.model(["N", 4, SIZE, SIZE], y)
-    res = R.reduce_channels(model, R.ReduceConfig(alpha=0.25, strategy="uniform"))
+    res = R.reduce_channels(model, R.ReduceConfig(alpha=0.25, strategy="uniform", multiple=1))
     removed = {r.name: r.pruned + r.merged for r in res.layers if r.pruned + r.merged}
     assert sum(removed.values()) == 4 + 3  # a quarter of 16 and of 12
     x = _x()
@@ -168,7 +168,7 @@ def test_a_model_without_batchnorm_gets_statistics_from_the_moment_walk():
     from redpp_onnx.analysis.coupling import analyze_coupling
 
     coupling = analyze_coupling(model)
-    groups, decisions, reasons, macs = R.plan(model, R.ReduceConfig(alpha=0.25, strategy="uniform", merge=False),
+    groups, decisions, reasons, macs = R.plan(model, R.ReduceConfig(alpha=0.25, strategy="uniform", merge=False, multiple=1),
                                               coupling)
     dearest = {}
     for k, gr in enumerate(groups):
@@ -181,14 +181,27 @@ def test_a_model_without_batchnorm_gets_statistics_from_the_moment_walk():
 def test_target_macs_is_reached_with_at_most_half_a_layer():
     model = _residual(c=16)
     before = sum(l.macs for l in scan_layers(model).layers)
-    res = R.reduce_channels(model, R.ReduceConfig(target_macs=0.9))
+    res = R.reduce_channels(model, R.ReduceConfig(target_macs=0.9, multiple=1))
     assert res.macs_before == before and res.macs_after <= 0.9 * before
     for r in res.layers:
         assert r.pruned + r.merged <= r.channels_before // 2
-    merged = MergePass(MergeConfig(target_macs=0.9)).run(model)
-    assert merged.function_changed and merged.channels_removed == sum(r.pruned + r.merged for r in res.layers)
+    merged = MergePass(MergeConfig(target_macs=0.9)).run(model)  # kept counts multiples of 8: 16 -> 8
+    assert merged.function_changed and merged.channels_removed == 8
     row = next(l for l in merged.layers if l.merged_out)
     assert row.macs_after < row.macs_before and row.predicted_cost is not None
+
+
+def test_kept_channel_counts_are_multiples_of_eight_by_default():
+    """onnxruntime's Conv runs channel blocks of 8 (AVX2): other counts made it slower."""
+    model = _residual(c=32)
+    res = R.reduce_channels(model, R.ReduceConfig(target_macs=0.8))
+    rows = [r for r in res.layers if r.pruned + r.merged]
+    assert rows and all(r.channels_after % 8 == 0 for r in rows)
+    assert res.macs_after <= 0.8 * res.macs_before
+    fine = R.reduce_channels(model, R.ReduceConfig(target_macs=0.8, multiple=1))
+    assert any(r.channels_after % 8 for r in fine.layers if r.pruned + r.merged)
+    few = R.reduce_channels(_chain(c=12), R.ReduceConfig(alpha=0.5, strategy="uniform"))  # 12 -> 8, not 6
+    assert [r.channels_after for r in few.layers if r.pruned + r.merged] == [8]
 
 
 def test_cli_target_macs(tmp_path, capsys):
