@@ -543,7 +543,7 @@ def test_more_alpha_merges_more_and_changes_the_function(strategy):
             assert result.function_changed and "changes the function" in result.notes[0]
             assert any(not l.exact for l in result.layers if l.merged_out)
     assert removed[0] == 0 and diffs[0] == 0.0
-    assert all(a <= b for a, b in zip(removed, removed[1:])) and removed[-1] > removed[1] >= 0 and removed[2] > 0
+    assert all(a <= b for a, b in zip(removed, removed[1:])) and removed[-1] > removed[1] >= 0
     assert diffs[-1] > 1e-3
 
 
