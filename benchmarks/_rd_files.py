@@ -42,25 +42,27 @@ def file_bits(file_bytes: int, original_bytes: int, eligible: int) -> float:
 
 
 def real_file(model: onnx.ModelProto, out: onnx.ModelProto, res, original: Path, eligible: int,
-              dst: Path) -> dict:
-    """Write ``out`` (RD hashing's output, plain float32 weights) as ``redpp-onnx compress``
-    stores it (``store_codebooks``) to ``dst``: see :func:`store_file`."""
-    return store_file(hash_pass_result(model, out, res), original, eligible, dst)
+              dst: Path, form: str = "standard") -> dict:
+    """Write ``out`` (RD hashing's output, plain float32 weights) as ``redpp-onnx compress
+    [--storage FORM]`` stores it (``store_codebooks``) to ``dst``: see :func:`store_file`."""
+    return store_file(hash_pass_result(model, out, res), original, eligible, dst, form)
 
 
-def store_file(result: HashPassResult, original: Path, eligible: int, dst: Path) -> dict:
-    """``store_codebooks(result)`` written to ``dst`` (``result.model`` is not changed): its
+def store_file(result: HashPassResult, original: Path, eligible: int, dst: Path, form: str = "standard") -> dict:
+    """``store_codebooks(result, form)`` written to ``dst`` (``result.model`` is not changed): its
     bytes, bits per eligible weight (file), file ratio (original bytes / these), the layers
     stored as codebooks, the storage form, and whether the file decodes
-    (``storage.materialize``) to exactly the plain weights."""
+    (``storage.materialize``: the map's C++ decoder, or the compact form's rANS decoder) to
+    exactly the plain weights."""
     plain = result.model
     copy = onnx.ModelProto()
     copy.CopyFrom(plain)
     result = dataclasses.replace(result, model=copy, layers=[dataclasses.replace(r, reasons=list(r.reasons))
                                                                for r in result.layers])
-    store_codebooks(result)
+    store_codebooks(result, form)
     stored = result.model
-    onnx.checker.check_model(stored)
+    if form == "standard":  # the compact form's Decode op has no onnx schema
+        onnx.checker.check_model(stored)
     dst.parent.mkdir(parents=True, exist_ok=True)
     size = io.save_model(stored, dst, force=True)
     before = original.stat().st_size

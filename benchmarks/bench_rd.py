@@ -12,7 +12,8 @@ Every RD row is also written as the REAL file ``redpp-onnx compress`` writes
 (``_rd_files.real_file``: ``store_codebooks``, byte for byte the same file) and its
 ``file_bytes``, ``file_bits_per_eligible_weight`` (the ``compress.set_file_bits`` rule: (file bytes
 - (original bytes - 4·eligible))·8/eligible) and ``file_ratio`` are recorded next to the counted
-bits. The two baselines a user can get as real files (``_real_baselines.py``: onnxruntime's
+bits; also as the file of ``--storage compact`` (rANS codes decoded by redpp-onnx; families
+``COMPACT``: the same hashed weights and top-1, their own file bits). The two baselines a user can get as real files (``_real_baselines.py``: onnxruntime's
 ``quantize_dynamic``, 4 variants, and fp16 weights + Cast) are rows with real file bits; the
 others have no real tool and keep their counted bits. Top-1 on the exact data (CIFAR-10 exact
 1,017-image subset, ImageNet 1,000-image sample), with agreement and the relative L2 logit
@@ -241,7 +242,17 @@ def baseline_row(family, lab, fn, layers, ev, corrected=None):
 
 
 THOROUGH, FAST = "RD hash (ours, thorough)", "RD hash (ours, fast)"
-OURS = (THOROUGH, FAST)  # the families written as real files
+COMPACT = {THOROUGH: "RD hash (ours, thorough, compact file)", FAST: "RD hash (ours, fast, compact file)"}
+OURS = (THOROUGH, FAST, *COMPACT.values())  # the families written as real files
+
+
+def compact_row(row: dict, compact: dict) -> dict:
+    """The row of the same hashed weights stored in the compact form (``--storage compact``):
+    the same counted bits and top-1, the compact file's bytes and bits; family ``COMPACT[...]``."""
+    fam = COMPACT[row["family"]]
+    out = {k: v for k, v in row.items() if k != "layers" and not k.startswith("file")}
+    out.update(compact, family=fam, setting=f"{fam} budget {row['budget']:g}", storage="compact")
+    return out
 
 
 def rd_plan(model, effort: str = "thorough", **kw):
@@ -273,6 +284,10 @@ def rd_row(ev, plan, budget, family=THOROUGH, effort="thorough", files=None):
         slug = family.split("(")[-1].rstrip(")").replace("ours, ", "")
         row.update(real_file(ev.model, out, info, original, n_eligible, folder / f"rd_{slug}_{budget:g}.onnx"))
         row["file_seconds"] = time.perf_counter() - t
+        t = time.perf_counter()
+        row["compact"] = real_file(ev.model, out, info, original, n_eligible,
+                                   folder / f"rd_{slug}_{budget:g}.compact.onnx", form="compact")
+        row["compact"]["file_seconds"] = time.perf_counter() - t
     row["layers"] = [l.to_dict() for l in info.layers]
     return row, info, out
 
@@ -457,6 +472,10 @@ def plot(key, rows, ref_top1, bar, path):
                 style = dict(color="black", lw=2.5, marker="o", ms=6)
             elif fam == FAST:
                 style = dict(color="black", lw=1.5, ls="--", marker="s", ms=5)
+            elif fam == COMPACT[THOROUGH]:
+                style = dict(color="red", lw=2.5, marker="o", ms=6)
+            elif fam == COMPACT[FAST]:
+                style = dict(color="red", lw=1.5, ls="--", marker="s", ms=5)
             elif fam.startswith("RD hash"):
                 style = dict(color="grey", lw=1.2, ls=":", marker="o", ms=4)
             elif fam.endswith("+ corr."):
@@ -589,10 +608,15 @@ def main(argv=None):
             for b in budgets:
                 row, info, m = rd_row(ev, p, b, fam, effort, files)
                 rows.append(row)
+                cb = None
+                if "compact" in row:
+                    rows.append(compact_row(row, row.pop("compact")))
+                    cb = rows[-1]["file_bits_per_eligible_weight"]
                 outs[row["setting"]] = m
                 fb = row.get("file_bits_per_eligible_weight")
                 print(f"  {row['setting']}: {row['entropy_bits']:.3f} counted entropy bits, "
-                      f"{'-' if fb is None else f'{fb:.3f}'} file bits, top-1 {100 * row['top1']:.2f}, "
+                      f"{'-' if fb is None else f'{fb:.3f}'} file bits"
+                      f"{'' if cb is None else f' ({cb:.3f} compact)'}, top-1 {100 * row['top1']:.2f}, "
                       f"logit relL2 {row['logit_rel_l2']:.3f} (predicted {row['predicted_error']:.3f}), "
                       f"{row['hash_seconds']:.0f} s", flush=True)
             timings[f"rd_budgets_{effort}"] = time.perf_counter() - t

@@ -350,7 +350,9 @@ def section_codebook(data) -> list[str]:
     return out + [""]
 
 
-RD_OURS = ("RD hash (ours, thorough)", "RD hash (ours, fast)")
+RD_OURS = ("RD hash (ours, thorough)", "RD hash (ours, fast)", "RD hash (ours, thorough, compact file)",
+           "RD hash (ours, fast, compact file)")
+RD_STANDARD = RD_OURS[:2]  # the standard-ops storage (the default); RD_OURS[2:]: --storage compact
 RD_MODEL_NAMES = {"resnet20": "ResNet-20 (CIFAR-10)", "resnet56": "ResNet-56 (CIFAR-10)",
                   "efficientnet": "EfficientNet-Lite0 (ImageNet)"}
 
@@ -385,7 +387,10 @@ def section_rd(data) -> list[str]:
            "(`quantize_dynamic` also quantizes weights that are not eligible, e.g. EfficientNet-Lite0's depthwise "
            "convolutions: the rule credits what that saves to the eligible weights, which favours it). The "
            "uniform / k-means baselines have no real tool: they are compared by their COUNTED entropy bits, an "
-           "ideal entropy coder with a free file format, which favours them.", ""]
+           "ideal entropy coder with a free file format, which favours them. The families \"..., compact file\" are the "
+           "same hashed weights (same top-1) written with `--storage compact` (rANS-coded ranks in one blob, decoded "
+           "by `redpp_onnx.session()`; plain onnxruntime cannot load it, `redpp-onnx expand` writes the plain model): "
+           "their file bits are that file's.", ""]
     for key, m in models.items():
         name = RD_MODEL_NAMES.get(key, key)
         ref, bar = m["original_top1"], m["bar_points"]
@@ -445,19 +450,28 @@ def section_rd(data) -> list[str]:
                          + ("ahead" if counted["beats_every_baseline"] else "not ahead"))
             out.append(text + ".")
         over = [r["file_bits_per_eligible_weight"] - r["entropy_bits"] for r in m["rows"]
-                if r["family"] in RD_OURS and r.get("file_bits_per_eligible_weight") is not None]
+                if r["family"] in RD_STANDARD and r.get("file_bits_per_eligible_weight") is not None]
         if over:
-            out.append(f"- Ours, real file against counted entropy: {min(over):+.2f} to {max(over):+.2f} bits per "
-                       "eligible weight over every budget and both efforts: the code's class field has a fixed width "
-                       "(most costly at low entropies), plus the decoders, the per-group tables and the map "
+            out.append(f"- Ours, standard-ops file against counted entropy: {min(over):+.2f} to {max(over):+.2f} bits "
+                       "per eligible weight over every budget and both efforts: the code's class field has a fixed "
+                       "width (most costly at low entropies), plus the decoders, the per-group tables and the map "
                        "([docs/HASHING.md](HASHING.md), \"How far from the entropy\").")
-        default = next((r for r in m["rows"] if r["family"] == RD_OURS[1] and r.get("budget") == 0.1), None)
-        thorough = next((r for r in m["rows"] if r["family"] == RD_OURS[0] and r.get("budget") == 0.1), None)
+        over = [r["file_bits_per_eligible_weight"] - r["entropy_bits"] for r in m["rows"]
+                if r["family"] in RD_OURS[2:] and r.get("file_bits_per_eligible_weight") is not None]
+        if over:
+            out.append(f"- Ours, compact file (`--storage compact`, rANS codes decoded by redpp-onnx) against counted "
+                       f"entropy: {min(over):+.2f} to {max(over):+.2f} bits per eligible weight (frequency tables, "
+                       "the zlib'd header, per-group rank pooling).")
+        pick = {f: next((r for r in m["rows"] if r["family"] == f and r.get("budget") == 0.1), None) for f in RD_OURS}
+        default = pick[RD_OURS[1]]
         if default is not None:
-            out += ["", "The default of `redpp-onnx compress` (fast, budget 0.1) and thorough at the same budget:", "",
+            out += ["", "The default of `redpp-onnx compress` (fast, budget 0.1) and thorough at the same budget, in both "
+                        "storage forms:", "",
                     "| effort | counted entropy bits | real file bits | file bytes | file ratio | top-1 % | drop (points) "
                     "| hashing s |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-            for eff, r in (("fast (default)", default), ("thorough", thorough)):
+            for eff, r in (("fast (default)", default), ("thorough", pick[RD_OURS[0]]),
+                           ("fast, `--storage compact`", pick[RD_OURS[3]]),
+                           ("thorough, `--storage compact`", pick[RD_OURS[2]])):
                 if r is None:
                     continue
                 prep = m.get("timings", {}).get(f"rd_prepare_{r.get('effort')}") or {}
@@ -489,6 +503,91 @@ def section_rd(data) -> list[str]:
                            f"{_pct(c['unique_fraction'])} | {_pct(c['zero_fraction'])} | {_pct(al['unique_fraction'])} | "
                            f"{e['split']['layers_split_auto']} |")
         out.append("")
+    return out
+
+
+PAPER_ALPHA_STAR = {  # the paper's Table "ablation" (share of parameters removed, its own weights, α* chosen on data)
+    "resnet20": {"merge α*, split, no hashing": 18.58, "hashing, merge α*, no split": 41.03},
+    "resnet56": {"merge α*, split, no hashing": 61.19, "hashing, merge α*, no split": 77.68},
+    "efficientnet": {"merge α*, split, no hashing (EfficientNet-B0)": 2.02,
+                     "hashing, merge α*, no split (EfficientNet-B0)": 2.62},
+}
+
+
+def section_reduce(data) -> list[str]:
+    models = data.get("models", {})
+    if not models:
+        return []
+    out = ["## Channel reduction: MACs removed vs top-1 (issue 12)", "",
+           "Command: `python benchmarks/bench_reduce.py` then `python benchmarks/render_results.py`. Every method "
+           "removes channels of the same groups (single-producer channel groups whose consumers are Conv / Gemm / "
+           "MatMul: the inner channels of residual blocks, expansion channels) with the same editor, no data, no "
+           "fine-tuning: **ours** = `compress --target-macs F` (rule `redpp`: moment-walk statistics, pruning or "
+           f"scale-matched merging with mean compensation, global cost-per-MAC order; F in "
+           f"{', '.join(f'{t:g}' for t in data.get('targets', []))}), kept channel counts multiples of 8 (the "
+           "default, for onnxruntime's Conv) and in any count; **L1 pruning** (the same share of every group, "
+           "smallest filter L1 norms, no compensation); **Neuron-Merging-style** (the same selection, each removed "
+           "filter merged into the most similar kept one, cosine with the BatchNorm-bias mismatch, λ = 0.85, "
+           "threshold 0.1, scale from the norms and BatchNorm ratios, no mean compensation); the **old percentile "
+           "rule** (`--merge-rule percentile`); and two variants of ours: the per-block allocation (`--alpha`: α^l by "
+           "layer position) instead of the global order, and residual-coupled groups included (a channel leaves "
+           "every producer of a residual Add at once, pruned; `ReduceConfig.coupled`). Shares "
+           f"{', '.join(f'{x:g}' for x in data.get('shares', []))} for the baselines. Top-1 on the exact data "
+           "(CIFAR-10 exact 1,017-image subset, ImageNet 1,000-image sample). MACs and params: eligible layers.", ""]
+    for key, m in models.items():
+        name = RD_MODEL_NAMES.get(key, key)
+        ref, bar = m["original_top1"], m["bar_points"]
+        out += [f"### {name}", "",
+                f"Original top-1 {_pct(ref)} % (n = {m['n']}); bar: within {bar:g} points; {m['eligible_macs']:,} "
+                f"eligible MACs; {m['groups']} groups, {m['group_channels']:,} channels that may go.", "",
+                "| method | most MACs removed within the bar | setting | params removed | top-1 % | drop (points) |",
+                "|---|---:|---|---:|---:|---:|"]
+        best = m.get("best_within_bar", {})
+        for meth in dict.fromkeys(r["method"] for r in m["rows"]):
+            b = best.get(meth)
+            if b is None:
+                out.append(f"| {meth} | none | - | - | - | - |")
+                continue
+            row = next(r for r in m["rows"] if r["method"] == meth and r["setting"] == b["setting"])
+            out.append(f"| {meth} | {_pct(b['macs_removed'])} % | {b['setting']} | {_pct(row['params_removed'])} % | "
+                       f"{_pct(b['top1'])} | {b['drop_points']:+.2f} |")
+        out += ["", "Every point (synthetic drift: relative L2 of the logits on 64 standard-normal inputs, data-free; "
+                    "predicted cost: the rule's summed relative costs, ours only):", "",
+                "| method | setting | MACs removed % | params removed % | top-1 % | drop (points) | agreement % | "
+                "synthetic drift | predicted cost |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in m["rows"]:
+            out.append(f"| {r['method']} | {r['setting']} | {_pct(r['macs_removed'])} | {_pct(r['params_removed'])} | "
+                       f"{_pct(r['top1'])} | {100 * r['drop']:+.2f} | {_pct(r['agreement'])} | "
+                       f"{r['synthetic_drift']:.3f} | {_g(r.get('predicted_cost'), '{:.3f}')} |")
+        sp = m.get("spearman", {})
+        for k, label in (("predicted_cost", "predicted cost (ours)"), ("synthetic_drift", "synthetic drift")):
+            v = sp.get(k, {})
+            if v:
+                out.append("")
+                out.append(f"- Spearman rank correlation of the {label} with the measured top-1 drop: "
+                           + "; ".join(f"{meth} {x['rho']:+.2f} (n = {x['n']})" for meth, x in v.items()
+                                       if x.get("rho") is not None) + ".")
+        paper = PAPER_ALPHA_STAR.get(key)
+        if paper:
+            ours = best.get("ours (redpp, multiples of 8)") or best.get("ours (redpp, any count)")
+            ours_txt = "no setting of ours within the bar"
+            if ours is not None:
+                row = next(r for r in m["rows"] if r["method"].startswith("ours") and r["setting"] == ours["setting"]
+                           and abs(r["macs_removed"] - ours["macs_removed"]) < 1e-12)
+                ours_txt = (f"ours removes {_pct(row['params_removed'])} % of the eligible params "
+                            f"({_pct(ours['macs_removed'])} % of the MACs) within {bar:g} points, data-free")
+            out.append(f"- The paper's α* columns (its own weights, α* = the largest α that keeps the validation "
+                       f"accuracy, chosen on data; share of parameters removed): "
+                       + ", ".join(f"{k} {v:.2f} %" for k, v in paper.items()) + f". Here: {ours_txt}.")
+        shares = [r for r in m["rows"] if r["method"] == "ours (redpp, multiples of 8)" and r.get("layers")]
+        if shares:
+            pick = best.get("ours (redpp, multiples of 8)")
+            r = next((x for x in shares if pick and x["setting"] == pick["setting"]), shares[len(shares) // 2])
+            cut = [l for l in r["layers"] if l["after"] < l["before"]]
+            out.append(f"- Per-layer channels kept by ours at {r['setting']} (multiples of 8; {len(cut)} of "
+                       f"{len(r['layers'])} layers reduced): "
+                       + (", ".join(f"{l['layer']} {l['before']}→{l['after']}" for l in cut) or "none") + ".")
+        out += ["", f"![{name}: MACs removed vs top-1](figures/reduce_{Path(m['model']).stem}.png)", ""]
     return out
 
 
@@ -549,7 +648,7 @@ def main(argv=None):
                          ("hashing_speed.json", section_speed), ("codebook.json", section_codebook),
                          ("rd.json", section_rd),
                          ("scale.json", section_scale),
-                         ("merge.json", section_merge),
+                         ("merge.json", section_merge), ("reduce.json", section_reduce),
                          ("ablation.json", section_ablation), ("relaxed.json", section_relaxed),
                          ("latency.json", section_latency), ("split_cost.json", section_break_even),
                          ("split_conv_threads.json", section_threads)):

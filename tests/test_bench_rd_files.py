@@ -56,3 +56,18 @@ def test_after_hashing_counts(tmp_path):
     old = _rd_files.old_default(model)
     f = _rd_files.store_file(old, DIGITS, sum(l.params for l in scan_layers(model).layers), tmp_path / "k.onnx")
     assert f["file_decodes_exactly"] and f["file_bits_per_eligible_weight"] < 32
+
+
+def test_compact_file_is_what_compress_writes(tmp_path):
+    model = io.load_model(DIGITS)
+    eligible = sum(l.params for l in scan_layers(model).layers)
+    out, res = rd.rd_hash(model, 0.1, **rd.EFFORTS["fast"])
+    std = _rd_files.real_file(model, out, res, DIGITS, eligible, tmp_path / "rd.onnx")
+    got = _rd_files.real_file(model, out, res, DIGITS, eligible, tmp_path / "rd.compact.onnx", form="compact")
+    assert got["file_decodes_exactly"] and got["file_storage"]["form"] == "compact"
+    assert got["file_bytes"] == (tmp_path / "rd.compact.onnx").stat().st_size < std["file_bytes"]
+
+    cfg = CompressConfig(steps=("hash",), hash=HashConfig(budget=0.1, effort="fast"), verify=False, storage="compact")
+    cm, report = compress(DIGITS, cfg, file_bytes_before=DIGITS.stat().st_size)
+    assert onnx.load(str(tmp_path / "rd.compact.onnx")).SerializeToString() == io.serialize(cm)
+    assert abs(report.model["bits_per_eligible_weight"] - got["file_bits_per_eligible_weight"]) < 1e-9

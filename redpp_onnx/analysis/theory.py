@@ -68,8 +68,10 @@ compare with the measured values (``measure``) before relying on the verdict.
 
 The graph is walked in order, tracking per-channel ``(mean, variance)`` of activations:
 
-* after ``BatchNormalization``: ``mean = β``, ``var = γ²`` (the BN normalises with its running
-  statistics; its output is assumed ``N(β_c, γ_c²)`` per channel: the paper's assumption);
+* after ``BatchNormalization``: ``mean = β``, ``var = γ² · rv / (rv + ε)`` (the BN normalises with
+  its running statistics ``rv``; its output is assumed ``N(β_c, γ_c² rv_c / (rv_c + ε))`` per
+  channel: the paper's assumption ``N(β_c, γ_c²)``, with the ``ε`` of the normalisation kept so
+  that a channel dead in training, ``rv ≈ 0``, is the constant ``β_c``, as it is at inference);
 * ``Relu`` / ``Clip(min, max)``: exact moments of the rectified / clipped Gaussian with that
   mean and variance; ``Tanh``, ``Sigmoid``, ``Gelu``, ``Softplus``, ``Elu``, ``LeakyRelu``,
   ``HardSigmoid``, ``HardSwish``: the Gaussian's moments through the function by 64-point
@@ -595,6 +597,13 @@ class _Walker:
                 raise _Untracked(f"{label} has non-constant scale/bias")
             mean = beta.astype(np.float64).ravel()
             var = gamma.astype(np.float64).ravel() ** 2
+            running = self.const(node.input[4]) if len(node.input) > 4 else None
+            if running is not None and running.size in (1, var.size):
+                # an input whose variance is the running one leaves the normalisation with variance
+                # rv / (rv + ε), not 1: a channel dead in training (rv ≈ 0) is the constant β
+                rv = np.maximum(running.astype(np.float64).ravel(), 0.0)
+                eps = float(_attr(node, "epsilon") if _attr(node, "epsilon") is not None else 1e-5)
+                var = var * (rv / (rv + eps))
             shape = self.shapes.get(node.output[0])
             rank = len(shape) if shape else 4
             return [_Stat(mean, var, rank, self.pooled(node.output[0], rank, False))]

@@ -39,6 +39,13 @@ RUN_VAR = np.array([1.0, 0.5, 2.0, 0.25], dtype=np.float32)
 EPS = 1e-5
 
 
+def _bn_var(gamma=GAMMA, rv=RUN_VAR, eps=EPS) -> np.ndarray:
+    """The walk's variance after a BatchNorm: ``γ² rv / (rv + ε)`` (an input whose variance is the
+    running one)."""
+    rv = np.asarray(rv, np.float64)
+    return np.asarray(gamma, np.float64) ** 2 * rv / (rv + eps)
+
+
 def _bn(g: GraphBuilder, x: str) -> str:
     ins = [g.const(a, "bn") for a in (GAMMA, BETA, RUN_MEAN, RUN_VAR)]
     return g.node("BatchNormalization", [x] + ins, epsilon=EPS)
@@ -184,7 +191,8 @@ def test_enorm_closed_form_on_bn_relu_gap_gemm():
     model, w, b = bn_head_model(hw=3)
     est = expected_logits(model)
     assert est.reason is None
-    m, v = _rectified_mean_var(BETA.astype(np.float64), np.abs(GAMMA.astype(np.float64)))
+    # the BN's output: N(β, γ² rv / (rv + ε)) (an input whose variance is the running one)
+    m, v = _rectified_mean_var(BETA.astype(np.float64), np.sqrt(_bn_var()))
     mean = w.astype(np.float64) @ m + b
     np.testing.assert_allclose(est.mean, mean, rtol=1e-9)
     assert est.E_norm == pytest.approx(np.linalg.norm(mean), rel=1e-9)
@@ -231,8 +239,8 @@ def test_enorm_through_slice_pad_add_clip_mul():
     est = expected_logits(model)
     assert est.reason is None
     m1 = np.concatenate([np.zeros(2), BETA.astype(np.float64), np.zeros(2)])
-    v1 = np.concatenate([np.zeros(2), GAMMA.astype(np.float64) ** 2, np.zeros(2)])
-    m, v = clipped_gaussian_moments(m1 + beta2, np.sqrt(v1 + gamma2.astype(np.float64) ** 2), 0.0, 6.0)
+    v1 = np.concatenate([np.zeros(2), _bn_var(), np.zeros(2)])
+    m, v = clipped_gaussian_moments(m1 + beta2, np.sqrt(v1 + _bn_var(gamma2, np.ones(8), 1e-5)), 0.0, 6.0)
     np.testing.assert_allclose(est.mean, 2 * m, rtol=1e-9)
     np.testing.assert_allclose(est.var, 4 * v, rtol=1e-9)
 
@@ -247,7 +255,7 @@ def test_enorm_channel_slice_and_reshape():
     model = g.model(["N", 4, 5, 5], y)
     est = expected_logits(model)
     assert est.reason is None
-    m, v = _rectified_mean_var(BETA[1::2].astype(np.float64), np.abs(GAMMA[1::2].astype(np.float64)))
+    m, v = _rectified_mean_var(BETA[1::2].astype(np.float64), np.sqrt(_bn_var()[1::2]))
     np.testing.assert_allclose(est.mean, m, rtol=1e-9)
     np.testing.assert_allclose(est.var, v, rtol=1e-9)
 

@@ -220,3 +220,34 @@ def test_cli_target_macs(tmp_path, capsys):
         assert "--target-macs" in capsys.readouterr().err
     assert not (tmp_path / "x.onnx").exists()
     onnx.checker.check_model(onnx.load(str(tmp_path / "o.onnx")))
+
+
+def test_a_channel_dead_in_training_is_its_constant_and_pruned_exactly():
+    """Channel 3's filter is zero and its BatchNorm running variance 0 (a channel dead in training):
+    at inference it is the constant Relu(β_3) = 0.7. The moment walk must say so (variance
+    γ² rv / (rv + ε) = 0, not γ²), so it is removed first at no cost and its compensation is exact
+    (with ``E[Relu(N(β, γ²))]`` instead of 0.7 the output would move)."""
+    from redpp_onnx.analysis.theory import moment_state
+
+    c = 8
+    g = GraphBuilder(5)
+    w = g.weights(c, 4, 3, 3)
+    w[3] = 0.0
+    gamma, beta = np.full(c, 1.0), g.rng.normal(0.2, 0.3, c)
+    beta[3] = 0.7
+    var = np.ones(c)
+    var[3] = 0.0
+    h = g.node("Conv", ["x", g.const(w, "W")], pads=[1] * 4)
+    h = g.node("BatchNormalization", [h] + [g.const(np.asarray(v, np.float32), "bn")
+                                            for v in (gamma, beta, np.zeros(c), var)], epsilon=1e-3)
+    r = g.node("Relu", [h])
+    y = g.node("Conv", [r, g.const(g.weights(6, c, 1, 1), "W2"), g.const(g.weights(6, scale=0.1), "B2")])
+    model = g.model(["N", 4, SIZE, SIZE], y)
+    st = moment_state(model)[h]
+    assert st.var[3] == 0.0 and st.mean[3] == pytest.approx(0.7)
+    assert st.var[0] == pytest.approx(1.0 / (1.0 + 1e-3))
+    res = R.reduce_channels(model, R.ReduceConfig(alpha=0.125, strategy="uniform", multiple=1))
+    row = next(r for r in res.layers if r.pruned + r.merged)
+    assert (row.channels_after, row.pruned) == (7, 1) and row.cost == 0.0
+    x = _x()
+    assert _rel(_run(model, x), _run(res.model, x)) < 1e-6
