@@ -591,6 +591,25 @@ def section_reduce(data) -> list[str]:
     return out
 
 
+def section_workers(data) -> list[str]:
+    rows = data.get("rows", [])
+    if not rows:
+        return []
+    out = ["## Rate-distortion hashing on 1 and 2 processes (`--workers`)", "",
+           "Command: `python benchmarks/bench_workers.py`. `rd.rd_hash` at the default settings (fast effort, budget "
+           f"0.1) in a fresh process per run, worker counts alternating, medians of {rows[0]['repeat']} runs on this "
+           "2-core machine; identical = the SHA-256 of every output model is the same.", "",
+           "| model | eligible weights | 1 worker s | 2 workers s | speedup | sensitivity s (1 → 2) | "
+           "candidates s (1 → 2) | identical |", "|---|---:|---:|---:|---:|---|---|---|"]
+    for r in rows:
+        a, b = r["workers_1"], r["workers_2"]
+        st = lambda k: f"{a['stages_median'].get(k, 0):.1f} → {b['stages_median'].get(k, 0):.1f}"  # noqa: E731
+        out.append(f"| {r['model']} | {r['params']:,} | {a['wall_s_median']:.1f} | {b['wall_s_median']:.1f} | "
+                   f"{r['speedup']:.2f}x | {st('sensitivity')} | {st('candidates')} | "
+                   f"{'yes' if r['identical'] else '**no**'} |")
+    return out + [""]
+
+
 def section_scale(data) -> list[str]:
     rows = data["rows"]
     out = ["## The whole command on a ResNet-50-sized model", "",
@@ -646,7 +665,7 @@ def main(argv=None):
              "[docs/HASHING.md](HASHING.md) and [docs/MERGE_SPLIT.md](MERGE_SPLIT.md).", ""]
     for name, render in (("hashing.json", section_hashing), ("theory.json", section_theory),
                          ("hashing_speed.json", section_speed), ("codebook.json", section_codebook),
-                         ("rd.json", section_rd),
+                         ("rd.json", section_rd), ("workers.json", section_workers),
                          ("scale.json", section_scale),
                          ("merge.json", section_merge), ("reduce.json", section_reduce),
                          ("ablation.json", section_ablation), ("relaxed.json", section_relaxed),

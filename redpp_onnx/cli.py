@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--effort", choices=("fast", "thorough"), default="fast",
                    help="rate-distortion hashing: fast (default: one codebook per layer) or thorough (also one "
                         "per channel or group of channels: 4-9%% fewer bits in 5-10x the time)")
+    c.add_argument("--workers", type=int, metavar="N",
+                   help="rate-distortion hashing: processes for the per-layer work (default: every available core "
+                        "on models of at least 2 M eligible weights, else 1); the output does not depend on it")
     c.add_argument("--weight-error", type=float, metavar="EPS",
                    help="per-layer hashing instead: every layer within ||W~ - W|| / ||W|| <= EPS (the paper's "
                         "rule; 0.01 when another per-layer option is given)")
@@ -195,7 +198,7 @@ def _compress(args) -> int:
         hash=HashConfig(weight_error=args.weight_error, bandwidth_factor=args.bandwidth_factor,
                         nms_radius=args.nms_radius, snap_zero=args.snap_zero, uniform_int8=args.uniform_int8,
                         include_depthwise=args.include_depthwise, budget=args.budget, target_bits=args.target_bits,
-                        effort=args.effort),
+                        effort=args.effort, workers=args.workers),
         merge=MergeConfig(alpha=args.alpha, strategy=args.merge_strategy, target_macs=args.target_macs,
                           rule=args.merge_rule),
         calibrate=args.calibrate, max_drop=args.max_drop,

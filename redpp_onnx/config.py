@@ -47,6 +47,8 @@ class HashConfig:
     budget: Optional[float] = None           # rd: predicted relative L2 error of the logits (default 0.1)
     target_bits: Optional[float] = None      # rd: instead, stored bits per eligible weight not to exceed
     effort: str = "fast"                     # rd: "fast" | "thorough" (rd.EFFORTS)
+    workers: Optional[int] = None            # rd: processes for the per-layer work (None: hashing/workers.py
+    #                                          chooses by the model's size; the result does not depend on it)
 
     def __post_init__(self):
         kde_only = [name for name, given in (("--weight-error", self.weight_error is not None),
@@ -81,6 +83,9 @@ class HashConfig:
             _positive("--budget", self.budget)
         if self.target_bits is not None:
             _positive("--target-bits", self.target_bits)
+        if self.workers is not None and (isinstance(self.workers, bool) or not isinstance(self.workers, int)
+                                         or self.workers < 1):
+            raise RedppError(f"--workers must be a positive integer, got {self.workers!r}")
         object.__setattr__(self, "method", method)
         if method == "kde" and self.weight_error is None:
             object.__setattr__(self, "weight_error", DEFAULT_WEIGHT_ERROR)

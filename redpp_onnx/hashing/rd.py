@@ -88,6 +88,7 @@ from onnx import numpy_helper
 from ..analysis.layers import ConstantTensors, scan_layers, static_shapes
 from ..passes.codebook import lattice_codes
 from . import kde as _kde
+from . import workers as _workers
 from .baselines import ZERO_BITS, StoredBits, channel_rows, from_rows
 
 __all__ = ["EFFORTS", "SyntheticInputsUnavailable", "LayerView", "LayerInfo", "RDResult", "RDPlan", "InputStats", "layer_views", "input_stats",
@@ -477,10 +478,12 @@ class Response:
 def sensitivities(model: onnx.ModelProto, views: Sequence[LayerView], proxy: str = "synthetic", *,
                   samples: int = SYNTHETIC_SAMPLES, levels: Sequence[float] = SYNTHETIC_LEVELS, seed: int = 0,
                   gain_correction: bool = True, bias_correction: bool = True, batch: int = 16,
-                  stats: Optional[Sequence[InputStats]] = None, progress=None) -> List[Response]:
+                  stats: Optional[Sequence[InputStats]] = None, progress=None,
+                  workers: Optional[int] = None) -> List[Response]:
     """The :class:`Response` of every layer (module docstring): measured on synthetic inputs at
     each noise level (``"synthetic"``), or linear with the BatchNorm (``"bn"``) or parameter
-    count (``"params"``) slope."""
+    count (``"params"``) slope. ``workers``: processes for the per-layer measurements
+    (:mod:`.workers`; the result does not depend on it)."""
     if stats is None:
         stats = input_stats(model, views)
     vins = [position_weights(v, st, bias_correction) for v, st in zip(views, stats)]
@@ -495,43 +498,64 @@ def sensitivities(model: onnx.ModelProto, views: Sequence[LayerView], proxy: str
     if not model.graph.output:
         raise SyntheticInputsUnavailable("the model has no outputs")
     feeds = _synthetic_inputs(model, samples, seed)
+    ref = _run_synthetic(model, feeds, samples, batch)
+    shared = {"model": model.SerializeToString(), "feeds": feeds, "views": list(views), "vins": vins,
+              "stats": list(stats), "shapes": static_shapes(model), "levels": tuple(levels), "seed": seed,
+              "gain": gain_correction, "bias": bias_correction, "samples": samples, "batch": batch,
+              "ref": ref, "ref_energy": float(np.sum(ref ** 2))}
+    n = len(views)
+    try:
+        return _workers.pmap(_sensitivity_task, list(range(n)), shared,
+                             _workers.resolve(workers, sum(v.params for v in views)),
+                             progress=(lambda done, total, i: progress(done - 1, total, views[i].name))
+                             if progress else None, cost=[v.params for v in views])
+    finally:
+        _PARSED.clear()  # the serial path parsed here: do not keep the model alive
 
-    def run(m):
-        sess = _session(m)
-        out = []
-        for i in range(0, samples, batch):
-            out.append(sess.run(None, {k: a[i:i + batch] for k, a in feeds.items()})[0])
-        return np.concatenate(out).astype(np.float64)
 
-    ref = run(model)
-    ref_energy = float(np.sum(ref ** 2))
-    shapes = static_shapes(model)
+def _run_synthetic(model: onnx.ModelProto, feeds: dict, samples: int, batch: int) -> np.ndarray:
+    sess = _session(model)
     out = []
-    for k, (v, vin) in enumerate(zip(views, vins)):
-        if progress:
-            progress(k, len(views), v.name)
-        energy = v.weighted_energy()
-        z = np.random.default_rng([seed, k]).standard_normal(v.rows.shape)
-        safe = np.where(v.scale > 0, v.scale, 1.0)
-        r = math.sqrt(energy / v.params) if energy > 0 else 0.0
-        d, e = [], []
-        for rho in levels:
-            noisy = (v.rows + rho * r / safe[:, None] * z).astype(np.float32)
-            dist = _distortion(v, vin, noisy, gain_correction)
-            if dist <= 0:
-                continue
-            m = with_weights(model, {v.weight: v.tensor(noisy)})
-            if gain_correction or bias_correction:
-                correct(model, m, [v], [stats[k]], gain=gain_correction, bias=bias_correction, shapes=shapes)
-            y = run(m)
-            d.append(dist)
-            e.append(float(np.sum((y - ref) ** 2)) / ref_energy)
-        if not d:
-            out.append(_linear(0.0))
+    for i in range(0, samples, batch):
+        out.append(sess.run(None, {k: a[i:i + batch] for k, a in feeds.items()})[0])
+    return np.concatenate(out).astype(np.float64)
+
+
+_PARSED = {}  # the parsed model of the serialized bytes it holds (a worker's, or this process's during one call)
+
+
+def _sensitivity_task(k: int) -> Response:
+    """The :class:`Response` of layer ``k`` (``workers.state()``: what :func:`sensitivities`
+    shares): its weights plus seeded noise at each level, corrected, run on the synthetic inputs."""
+    sh = _workers.state()
+    if _PARSED.get("bytes") is not sh["model"]:  # held, so its identity cannot be reused by another model
+        _PARSED.clear()
+        m0 = onnx.ModelProto()
+        m0.ParseFromString(sh["model"])
+        _PARSED.update(bytes=sh["model"], model=m0)
+    model = _PARSED["model"]
+    v, vin, st = sh["views"][k], sh["vins"][k], sh["stats"][k]
+    gain, bias = sh["gain"], sh["bias"]
+    energy = v.weighted_energy()
+    z = np.random.default_rng([sh["seed"], k]).standard_normal(v.rows.shape)
+    safe = np.where(v.scale > 0, v.scale, 1.0)
+    r = math.sqrt(energy / v.params) if energy > 0 else 0.0
+    d, e = [], []
+    for rho in sh["levels"]:
+        noisy = (v.rows + rho * r / safe[:, None] * z).astype(np.float32)
+        dist = _distortion(v, vin, noisy, gain)
+        if dist <= 0:
             continue
-        d, e = np.asarray(d), np.maximum.accumulate(np.asarray(e))  # monotone in D
-        out.append(Response(d, np.maximum(e, 1e-30)))
-    return out
+        m = with_weights(model, {v.weight: v.tensor(noisy)})
+        if gain or bias:
+            correct(model, m, [v], [st], gain=gain, bias=bias, shapes=sh["shapes"])
+        y = _run_synthetic(m, sh["feeds"], sh["samples"], sh["batch"])
+        d.append(dist)
+        e.append(float(np.sum((y - sh["ref"]) ** 2)) / sh["ref_energy"])
+    if not d:
+        return _linear(0.0)
+    d, e = np.asarray(d), np.maximum.accumulate(np.asarray(e))  # monotone in D
+    return Response(d, np.maximum(e, 1e-30))
 
 
 def _linear(slope: float) -> Response:
@@ -856,16 +880,33 @@ def layer_candidates(view: LayerView, min_weights: int = MIN_CODEBOOK_WEIGHTS, v
     """Coarse candidates of every granularity of one layer. ``vin``: per input position (a row
     of ``view.rows``) the distortion weight (default ones); ``gain``: distortion after each
     channel's least-squares gain (only where a BatchNorm follows)."""
+    lc = _layer_books(view, min_weights, vin, gain, granularities, group_step)
+    for g in lc.grans:
+        _coarse(g.books)
+    return lc
+
+
+def _layer_books(view: LayerView, min_weights: int, vin: Optional[np.ndarray], gain: bool,
+                 granularities: Sequence[str], group_step: int) -> _LayerCands:
+    """Every granularity's codebooks of one layer, no candidate evaluated yet."""
     a2 = view.scale ** 2
     fan = view.rows.shape[1]
     vin = np.ones(fan) if vin is None else np.asarray(vin, np.float64)
     gain = gain and view.scale_source == "BatchNormalization"
     grans = []
     for label, groups, map_bits in _groupings(view, min_weights, granularities, group_step):
-        books = [_Codebook(view.rows[g], a2[g], vin, gain) for g in groups]
-        _coarse(books)
-        grans.append(_Granularity(label, groups, books, map_bits))
+        grans.append(_Granularity(label, groups, [_Codebook(view.rows[g], a2[g], vin, gain) for g in groups], map_bits))
     return _LayerCands(view, grans)
+
+
+def _candidates_task(task) -> list:
+    """Per granularity, per codebook: the evaluated candidates (``_Codebook.rows``) and the coarse
+    keys of one layer (``task = (view, vin)``; ``workers.state()``: the settings) -- small, so
+    that a worker sends back these and not the codebooks' arrays, which the parent rebuilds."""
+    view, vin = task
+    sh = _workers.state()
+    lc = layer_candidates(view, sh["min_weights"], vin, sh["gain"], sh["granularities"], sh["group_step"])
+    return [[(b.rows, b.coarse_keys) for b in g.books] for g in lc.grans]
 
 
 # --------------------------------------------------------------------------- allocation
@@ -1054,9 +1095,11 @@ class RDPlan:
 def prepare(model: onnx.ModelProto, *, proxy: str = "synthetic", gain_correction: bool = True,
             bias_correction: bool = True, seed: int = 0, min_codebook_weights: int = MIN_CODEBOOK_WEIGHTS,
             granularities: Sequence[str] = GRANULARITIES, responses: Optional[List[Response]] = None,
-            samples: int = SYNTHETIC_SAMPLES, group_step: int = 2, progress=None) -> RDPlan:
+            samples: int = SYNTHETIC_SAMPLES, group_step: int = 2, progress=None,
+            workers: Optional[int] = None) -> RDPlan:
     """Layers, statistics, sensitivities (``proxy``, or the given ``responses``) and coarse
-    candidates of ``model``."""
+    candidates of ``model``. ``workers``: processes for the per-layer work (:mod:`.workers`:
+    ``None`` chooses by the model's size; the plan does not depend on it)."""
     if proxy not in PROXIES:
         raise ValueError(f"proxy must be one of {PROXIES}, got {proxy!r}")
     t0 = time.perf_counter()
@@ -1068,13 +1111,30 @@ def prepare(model: onnx.ModelProto, *, proxy: str = "synthetic", gain_correction
         responses = sensitivities(model, views, proxy, seed=seed, gain_correction=gain_correction,
                                   bias_correction=bias_correction, stats=stats, samples=samples,
                                   progress=(lambda k, n, name: progress(k, 2 * n, f"sensitivity {name}"))
-                                  if progress else None)
+                                  if progress else None, workers=workers)
     t2 = time.perf_counter()
+    n = len(views)
+    procs = _workers.resolve(workers, sum(v.params for v in views))
     cands = []
-    for k, (v, vin) in enumerate(zip(views, vins)):
-        if progress:
-            progress(len(views) + k, 2 * len(views), f"codebooks {v.name}")
-        cands.append(layer_candidates(v, min_codebook_weights, vin, gain_correction, granularities, group_step))
+    if procs <= 1:
+        for k, (v, vin) in enumerate(zip(views, vins)):
+            if progress:
+                progress(n + k, 2 * n, f"codebooks {v.name}")
+            cands.append(layer_candidates(v, min_codebook_weights, vin, gain_correction, granularities, group_step))
+        found = []
+    else:
+        shared = {"min_weights": min_codebook_weights, "gain": gain_correction,
+                  "granularities": tuple(granularities), "group_step": group_step}
+        found = _workers.pmap(_candidates_task, [(v, vin) for v, vin in zip(views, vins)], shared, procs,
+                              progress=(lambda done, total, i: progress(n + done - 1, 2 * n,
+                                                                        f"codebooks {views[i].name}"))
+                              if progress else None, cost=[v.params for v in views])
+    for v, vin, evaluated in zip(views, vins, found):
+        lc = _layer_books(v, min_codebook_weights, vin, gain_correction, granularities, group_step)
+        for g, rows in zip(lc.grans, evaluated):
+            for b, (cache, keys) in zip(g.books, rows):
+                b.rows, b.coarse_keys = cache, keys
+        cands.append(lc)
     t3 = time.perf_counter()
     return RDPlan(views, stats, vins, list(responses), cands, proxy, gain_correction, bias_correction,
                   {"statistics": t1 - t0, "sensitivity": t2 - t1, "candidates": t3 - t2})
@@ -1084,7 +1144,7 @@ def rd_hash(model: onnx.ModelProto, budget: Optional[float] = 0.1, *, target_bit
             proxy: str = "synthetic", gain_correction: bool = True, bias_correction: bool = True, seed: int = 0,
             min_codebook_weights: int = MIN_CODEBOOK_WEIGHTS, granularities: Sequence[str] = GRANULARITIES,
             plan: Optional[RDPlan] = None, refine_rounds: int = REFINE_ROUNDS, refine_all: bool = True,
-            samples: int = SYNTHETIC_SAMPLES, progress=None):
+            samples: int = SYNTHETIC_SAMPLES, progress=None, workers: Optional[int] = None):
     """RD hashing of every eligible layer of ``model`` (module docstring).
 
     Args:
@@ -1098,6 +1158,9 @@ def rd_hash(model: onnx.ModelProto, budget: Optional[float] = 0.1, *, target_bit
         seed: of the synthetic inputs and noise.
         plan: from :func:`prepare` for this model (then ``proxy``, the corrections, ``seed`` and
             ``min_codebook_weights`` are the plan's).
+        workers: processes for the per-layer work of :func:`prepare` (``None``: the available
+            cores on models of at least ``workers.POOL_MIN_WEIGHTS`` eligible weights); the
+            result is the same, bit for bit.
 
     Returns:
         ``(new ModelProto, RDResult)``: the new model has the hashed weights as plain float32
@@ -1116,7 +1179,7 @@ def rd_hash(model: onnx.ModelProto, budget: Optional[float] = 0.1, *, target_bit
     if plan is None:
         plan = prepare(model, proxy=proxy, gain_correction=gain_correction, bias_correction=bias_correction,
                        seed=seed, min_codebook_weights=min_codebook_weights, granularities=granularities,
-                       samples=samples, progress=progress)
+                       samples=samples, progress=progress, workers=workers)
     t3 = time.perf_counter()
     candidates, responses = plan.candidates, plan.responses
     for lc in candidates:

@@ -138,7 +138,7 @@ class HashPass:
         for proxy in rd.PROXIES:
             try:
                 out, res = rd.rd_hash(model, c.budget, target_bits=c.target_bits, proxy=proxy,
-                                      progress=self.progress, **settings)
+                                      progress=self.progress, workers=c.workers, **settings)
                 break
             except rd.SyntheticInputsUnavailable as err:
                 notes.append(f"sensitivity: the synthetic-input measurement cannot feed this model ({err}); "
