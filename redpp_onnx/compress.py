@@ -15,7 +15,7 @@ import onnx
 
 from . import __version__, io, storage, validate, verify
 from .analysis.fold import resolve_constant_identities
-from .analysis.layers import check_input_shapes, input_shapes, scan_layers
+from .analysis.layers import ConstantTensors, check_input_shapes, input_shapes, np_dtype, scan_layers
 from .config import CompressConfig
 from .errors import RedppError
 from .passes.hash import HashPass, refusal_dict, store_codebooks
@@ -110,6 +110,7 @@ def _compress(model, config: CompressConfig, *, progress, file_bytes_before, plo
     summary["nodes_before"] = _op_counts(model)
     summary["nodes_after"] = _op_counts(out)
     summary["storage"] = storage_info or {"form": "plain"}
+    summary["weight_bits_before"] = _weight_bits(work, eligible_before)
     set_file_bits(summary)
 
     verify_info = {"skipped": "disabled (--no-verify)"}
@@ -220,12 +221,23 @@ def _summary(scan, hashed, merged, split, config_tolerance, final_scan):
     return summary, layers
 
 
+def _weight_bits(model: onnx.ModelProto, scan) -> float:
+    """Bits per eligible weight in the input: 32 for float32, 16 for float16 / bfloat16 (averaged
+    over the weights when the types are mixed)."""
+    consts = ConstantTensors(model)
+    total = sum(l.params for l in scan.layers)
+    if not total:
+        return 32.0
+    bits = sum(l.params * 8 * np_dtype(consts.proto(l.weight).data_type).itemsize for l in scan.layers)
+    return bits / total
+
+
 def set_file_bits(summary: dict) -> None:
     """``bits_per_eligible_weight``: what the eligible weights cost in the output file, every other byte
-    counted as in the input (float32 weights: 32)."""
+    counted as in the input (``weight_bits_before`` bits per eligible weight: float32 32, float16 16)."""
     eligible = summary.get("params_before") or 0
     if eligible and summary.get("file_bytes_after") and summary.get("file_bytes_before"):
-        rest = summary["file_bytes_before"] - 4 * eligible
+        rest = summary["file_bytes_before"] - summary.get("weight_bits_before", 32.0) / 8 * eligible
         summary["bits_per_eligible_weight"] = max(0.0, (summary["file_bytes_after"] - rest) * 8 / eligible)
 
 

@@ -151,8 +151,9 @@ def render_table(r: Report) -> str:
                 _ratio(m["file_bytes_before"], m["file_bytes_after"]))]
     if m.get("bits_per_eligible_weight") is not None and m.get("file_bytes_after"):
         bits = m["bits_per_eligible_weight"]
-        summary += [("bits / eligible weight (file)", "32.00", f"{bits:.2f}",
-                     f"/{32 / bits:.2f}" if bits else "-"),
+        before = m.get("weight_bits_before", 32.0)
+        summary += [("bits / eligible weight (file)", f"{before:.2f}", f"{bits:.2f}",
+                     f"/{before / bits:.2f}" if bits else "-"),
                     ("file ratio", "", f"{m['file_bytes_before'] / m['file_bytes_after']:.2f}x smaller", "")]
     unknown = sum(1 for l in rows if l.get("macs", 0) is None)
     for a, b, c, d in summary:

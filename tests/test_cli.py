@@ -183,7 +183,7 @@ def test_external_data_input_is_read(tmp_path):
     assert redpp_onnx.session(str(tmp_path / "o.onnx")).run(None, {"x": x})[0].shape == (1, 10)
 
 
-def test_float16_weights_are_refused_with_a_reason(tmp_path, capsys):
+def test_float16_weights_are_hashed_in_their_own_type(tmp_path, capsys):
     from onnx import TensorProto
     from onnx import numpy_helper as nh
 
@@ -196,9 +196,27 @@ def test_float16_weights_are_refused_with_a_reason(tmp_path, capsys):
     onnx.save(g.model(["N", 3, 8, 8], g.node("Cast", [y16], to=TensorProto.FLOAT), check=False), str(path))
     assert main(["compress", str(path), "-o", str(tmp_path / "o.onnx"), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    refused = [l for l in report["layers"] if not l["eligible"]]
-    assert len(refused) == 1 and "FLOAT16" in refused[0]["reasons"][0]
-    assert report["notes"][0].startswith("no layer was changed")
+    assert [l["eligible"] for l in report["layers"]] == [True]
+    out = onnx.load(str(tmp_path / "o.onnx"))
+    w = [t for t in out.graph.initializer if t.name == "W16"][0]
+    assert w.data_type == TensorProto.FLOAT16
+    assert report["layers"][0]["distinct_after"] == np.unique(nh.to_array(w).astype(np.float32)).size
+    assert report["layers"][0]["distinct_after"] < report["layers"][0]["distinct_before"]
+
+
+def test_float64_weights_are_refused_with_a_reason():
+    from onnx import TensorProto
+    from onnx import numpy_helper as nh
+
+    from redpp_onnx.analysis.layers import scan_layers
+
+    from .graphs import GraphBuilder
+
+    g = GraphBuilder(2)
+    g.inits.append(nh.from_array(g.weights(8, 3, 3, 3).astype(np.float64), "W64"))
+    y = g.node("Conv", [g.node("Cast", ["x"], to=TensorProto.DOUBLE), "W64"], pads=[1, 1, 1, 1])
+    scan = scan_layers(g.model(["N", 3, 8, 8], g.node("Cast", [y], to=TensorProto.FLOAT), check=False))
+    assert not scan.layers and len(scan.refused) == 1 and "DOUBLE" in scan.refused[0].reason
 
 
 def test_bench_reports_a_ratio_with_its_spread(model_path, tmp_path, capsys):

@@ -17,7 +17,31 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-FLOAT_TYPES = {onnx.TensorProto.FLOAT}
+FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+"""Weight element types the passes handle: they compute in float32 (or wider) and write every
+value back in the tensor's own type (:func:`tensor_like`), rounded to nearest."""
+
+
+def np_dtype(data_type: int) -> np.dtype:
+    """numpy's dtype of an ONNX element type (bfloat16: ``ml_dtypes.bfloat16``, onnx's own)."""
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(data_type))
+
+
+def representable(values: np.ndarray, data_type: int) -> np.ndarray:
+    """``values`` rounded to the nearest number of ``data_type`` (a float type), as float32."""
+    a = np.asarray(values, np.float32)
+    if data_type == onnx.TensorProto.FLOAT:
+        return a
+    return a.astype(np_dtype(data_type)).astype(np.float32)
+
+
+def tensor_like(proto: onnx.TensorProto, values: np.ndarray, name: Optional[str] = None) -> onnx.TensorProto:
+    """A tensor named ``name`` (default: ``proto``'s) holding ``values`` in ``proto``'s element
+    type (rounded to nearest when it is float16 / bfloat16), shaped like ``values``."""
+    a = np.asarray(values)
+    if proto.data_type in FLOAT_TYPES:
+        a = np.asarray(a, np.float32).astype(np_dtype(proto.data_type))
+    return numpy_helper.from_array(a, proto.name if name is None else name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,7 +325,8 @@ def scan_layers(model: onnx.ModelProto, *, include_grouped: bool = False) -> Lay
         weight = node.input[1]
         proto = consts.proto(weight)
         if proto.data_type not in FLOAT_TYPES:
-            refuse(f"weight has type {onnx.TensorProto.DataType.Name(proto.data_type)}; only float32 is handled")
+            refuse(f"weight has type {onnx.TensorProto.DataType.Name(proto.data_type)}; "
+                   "only float32, float16 and bfloat16 weights are handled")
             continue
         bad = (_weight_problem(consts, weight, node.op_type) or _bias_problem(consts, node)
                or _conv_attribute_problem(node, consts.proto(weight)))

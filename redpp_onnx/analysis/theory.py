@@ -139,7 +139,7 @@ from scipy.special import erf, ndtr
 
 from ..config import HashConfig
 from .fold import fold_constants
-from .layers import ConstantTensors, node_names, scan_layers, static_shapes
+from .layers import FLOAT_TYPES, ConstantTensors, node_names, scan_layers, static_shapes
 
 __all__ = [
     "AnalysisReport",
@@ -526,7 +526,7 @@ class _Walker:
             self.state[inp.name] = (f"graph input {inp.name!r} has no known statistics (no BatchNormalization "
                                     "on the path; --input-stats standard assumes standardized inputs)")
             dims = inp.type.tensor_type.shape.dim if inp.type.HasField("tensor_type") else []
-            if (self.assumed and inp.type.tensor_type.elem_type == onnx.TensorProto.FLOAT and len(dims) >= 2
+            if (self.assumed and inp.type.tensor_type.elem_type in FLOAT_TYPES and len(dims) >= 2
                     and dims[1].HasField("dim_value")):
                 c = dims[1].dim_value
                 rank = len(dims)
@@ -537,7 +537,8 @@ class _Walker:
 
     def const(self, name: str) -> Optional[np.ndarray]:
         if name and name in self.consts:
-            return self.consts.array(name)
+            a = self.consts.array(name)
+            return a.astype(np.float32) if a.dtype.name in ("float16", "bfloat16") else a
         return None
 
     def get(self, name: str) -> _Stat:

@@ -85,7 +85,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..analysis.layers import ConstantTensors, scan_layers, static_shapes
+from ..analysis.layers import ConstantTensors, np_dtype, representable, scan_layers, static_shapes, tensor_like
 from ..passes.codebook import lattice_codes
 from . import kde as _kde
 from . import workers as _workers
@@ -384,8 +384,8 @@ def correct(original: onnx.ModelProto, model: onnx.ModelProto, views: Sequence[L
             mv = numpy_helper.to_array(mu).astype(np.float64).ravel()
             if delta is not None:
                 mv = mv - delta
-            g.CopyFrom(numpy_helper.from_array((gv * alpha).astype(np.float32).reshape(tuple(g.dims)), g.name))
-            mu.CopyFrom(numpy_helper.from_array((mv / alpha).astype(np.float32).reshape(tuple(mu.dims)), mu.name))
+            g.CopyFrom(tensor_like(g, (gv * alpha).reshape(tuple(g.dims))))
+            mu.CopyFrom(tensor_like(mu, (mv / alpha).reshape(tuple(mu.dims))))
         elif delta is not None:
             if v.op_type in ("Conv", "Gemm") and len(node.input) > 2 and node.input[2] in consts \
                     and consts.array(node.input[2]).size == delta.size:
@@ -393,7 +393,7 @@ def correct(original: onnx.ModelProto, model: onnx.ModelProto, views: Sequence[L
                 if beta != 0:
                     p = consts.proto(node.input[2])
                     b = numpy_helper.to_array(p).astype(np.float64).ravel() + delta / beta
-                    p.CopyFrom(numpy_helper.from_array(b.astype(np.float32).reshape(tuple(p.dims)), p.name))
+                    p.CopyFrom(tensor_like(p, b.reshape(tuple(p.dims))))
                 else:
                     note.append("bias not corrected: Gemm beta = 0")
             else:
@@ -411,12 +411,14 @@ def _session(model: onnx.ModelProto):
 
 
 def with_weights(model: onnx.ModelProto, new: dict) -> onnx.ModelProto:
-    """A copy of ``model`` whose constants ``new`` (name -> array) are replaced (float32)."""
+    """A copy of ``model`` whose constants ``new`` (name -> array) are replaced (in each
+    constant's own element type)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     consts = ConstantTensors(out)
     for name, a in new.items():
-        consts.proto(name).CopyFrom(numpy_helper.from_array(np.asarray(a, np.float32), name))
+        p = consts.proto(name)
+        p.CopyFrom(tensor_like(p, a))
     return out
 
 
@@ -436,10 +438,11 @@ def _synthetic_inputs(model: onnx.ModelProto, samples: int, seed: int) -> dict:
         shape = shapes.get(inp.name)
         if shape is None or any(not isinstance(d, int) for d in shape[1:]):
             raise SyntheticInputsUnavailable(f"input {inp.name!r} has no static shape (give it with --input-shape)")
-        if inp.type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
+        elem = inp.type.tensor_type.elem_type
+        if elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16):
             raise SyntheticInputsUnavailable(f"input {inp.name!r} is not float (token ids, masks: standard-normal "
                                              "samples do not fit it)")
-        feeds[inp.name] = rng.standard_normal((samples, *shape[1:])).astype(np.float32)
+        feeds[inp.name] = rng.standard_normal((samples, *shape[1:])).astype(np.float32).astype(np_dtype(elem))
     return feeds
 
 
@@ -1224,6 +1227,8 @@ def rd_hash(model: onnx.ModelProto, budget: Optional[float] = 0.1, *, target_bit
     for lc, ch, resp, vin in zip(candidates, choices, responses, plan.vins):
         v = lc.view
         g = lc.grans[ch.gran]
+        proto = consts.proto(v.weight)
+        dtype = proto.data_type
         rows = v.rows.copy()
         factors, nmss, units = [], [], []
         values = 0
@@ -1233,21 +1238,22 @@ def rd_hash(model: onnx.ModelProto, budget: Optional[float] = 0.1, *, target_bit
             f, c = float(curve.factor[j]), float(curve.nms[j])
             factors.append(f)
             nmss.append(c)
-            if f <= 0:  # left as it is: float32
+            if f <= 0:  # left as it is
                 units.append(None)
                 values += int(np.unique(v.rows[grp]).size)
-                ent += RAW_BITS * v.rows[grp].size
-                fix += RAW_BITS * v.rows[grp].size
+                raw = RAW_BITS if dtype == onnx.TensorProto.FLOAT else 16  # float16 / bfloat16
+                ent += raw * v.rows[grp].size
+                fix += raw * v.rows[grp].size
                 continue
             r = _kde.hash_tensor(v.rows[grp], bandwidth_factor=f, nms_radius=c * book.base * f)
-            rows[grp] = r.hashed
+            rows[grp] = representable(r.hashed, dtype)  # float16 / bfloat16 weights: their own values
             units.append(_kde.grid_step(r.bandwidth) / 2 if r.bandwidth else None)
             t, e, x = codebook_bits(r)  # counted on the result itself
-            values += r.distinct_after
+            values += r.distinct_after if dtype == onnx.TensorProto.FLOAT else int(np.unique(rows[grp]).size)
             table, ent, fix = table + t, ent + e, fix + x
         bits = StoredBits(v.params, table, fix, ent)
         total = total + bits
-        consts.proto(v.weight).CopyFrom(numpy_helper.from_array(v.tensor(rows), v.weight))
+        proto.CopyFrom(tensor_like(proto, v.tensor(rows)))
         d_w = _distortion(v, vin, rows, plan.gain_correction)
         e_w = _distortion(v, vin, np.zeros_like(rows), False)
         diff = rows.astype(np.float64) - v.rows

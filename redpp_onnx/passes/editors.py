@@ -172,6 +172,8 @@ class EditContext:
             node = self.graph.node[i]
             name = node.input[k]
             old = self._original(name)
+            if old.dtype != array.dtype and _is_float(old.dtype) and _is_float(array.dtype):
+                array = np.asarray(array, np.float32).astype(old.dtype)  # float16 / bfloat16 stay so
             if old.shape == array.shape and np.array_equal(old, array) and old.dtype == array.dtype:
                 continue
             self.changed[name] += int(old.size) - int(array.size)
@@ -217,6 +219,10 @@ class EditContext:
         node = self._const_node[name]
         del node.attribute[:]
         node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(array, name)))
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    return dtype.kind == "f" or dtype.name == "bfloat16"  # ml_dtypes' bfloat16 is not a numpy float kind
 
 
 # ---------------------------------------------------------------------- editors

@@ -15,9 +15,8 @@ from typing import Callable, Optional
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
-from ..analysis.layers import ConstantTensors, Refusal, scan_layers
+from ..analysis.layers import ConstantTensors, Refusal, representable, scan_layers, tensor_like
 from ..config import HashConfig
 from ..hashing import hash_tensor, uniform_int8
 from ..hashing.kde import grid_step
@@ -100,7 +99,8 @@ class HashPass:
             if self.progress:
                 self.progress(k, len(scan.layers), layer.node)
             t0 = time.perf_counter()
-            w = consts.array(layer.weight)
+            proto = consts.proto(layer.weight)
+            w = consts.array(layer.weight).astype(np.float32)  # float16 / bfloat16: hashed in float32
             method, res = self._hash(w)
             row = LayerHash(layer.node, layer.op_type, layer.weight, layer.weight_shape, layer.params, layer.macs,
                             method if res.reason is None else "unchanged", res.distinct_before,
@@ -110,8 +110,9 @@ class HashPass:
             if res.reason:
                 row.reasons.append(res.reason)
             else:
-                consts.proto(layer.weight).CopyFrom(numpy_helper.from_array(res.hashed.astype(np.float32),
-                                                                            layer.weight))
+                if proto.data_type != onnx.TensorProto.FLOAT:  # the values its own type keeps
+                    row.distinct_after = int(np.unique(representable(res.hashed, proto.data_type)).size)
+                proto.CopyFrom(tensor_like(proto, res.hashed))
                 codebooks.append((layer, res))
             row.seconds = time.perf_counter() - t0
             stats.append(row)
@@ -230,6 +231,11 @@ def store_codebooks(result: HashPassResult, form: str = "standard") -> None:
         return
     tensors = []
     for w in todo:
+        dtype = consts.proto(w).data_type
+        if dtype != onnx.TensorProto.FLOAT:
+            rows[w].reasons.append(f"codebook storage: the decoders write float32, this weight is "
+                                   f"{onnx.TensorProto.DataType.Name(dtype)}; stored plainly (hashed values, own type)")
+            continue
         values = consts.array(w)
         axis = result.lattice_axes.get(w, 0)
         groups = result.lattice_groups.get(w)

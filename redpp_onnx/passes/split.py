@@ -154,6 +154,8 @@ class SplitPass:
         return SplitPassResult(out, rows, list(scan.refused))
 
     def _plan(self, layer, node, w, shapes, consts, consumers, graph_outputs, model):
+        dtype = consts.proto(layer.weight).data_type
+        w = np.asarray(w, np.float32)
         relaxed = relax_kernels(w, self.config.tolerance)
         w = relaxed.weight
         split = packing.pack(w)
@@ -183,6 +185,9 @@ class SplitPass:
             row.additions = 0 if cost.macs is not None else None  # the selection Conv's MACs add
         if len(kshape) not in (1, 2):
             row.reasons.append(f"{len(kshape)}-D convolution: SplitConv handles 1-D and 2-D")
+            return row, None
+        if dtype != onnx.TensorProto.FLOAT:
+            row.reasons.append(f"{onnx.TensorProto.DataType.Name(dtype)} weights: SplitConv computes in float32")
             return row, None
         if len(node.input) > 2 and node.input[2] and node.input[2] not in consts:
             row.reasons.append(f"kept as Conv: its bias {node.input[2]} is computed, not a constant")
