@@ -612,15 +612,16 @@ def _lattice_per_entry(table: np.ndarray, units: np.ndarray) -> Optional[np.ndar
     return k
 
 
-def refusal(t: TensorCodes) -> Optional[str]:
-    """Why ``t`` is better stored plainly, or None. The estimate of the stored size is an upper
-    bound: fixed-length codes, the tables and a few dozen bytes of graph."""
+def refusal(t: TensorCodes, plain_bytes: float = 4.0) -> Optional[str]:
+    """Why ``t`` is better stored plainly (``plain_bytes`` per weight: 4 for float32, 2 for
+    float16), or None. The estimate of the stored size is an upper bound: fixed-length codes, the
+    tables and a few dozen bytes of graph."""
     if t.codes.size > BANK_WEIGHTS:
         return f"more than {BANK_WEIGHTS} weights, too many for one codebook decoder"
     if t.n_ranks > (1 << MAX_FIELD_BITS):
         return f"more than {1 << MAX_FIELD_BITS} distinct values"
     bits = max(1, math.ceil(math.log2(max(t.n_ranks, 2))))
-    if t.codes.size * bits / 8 + t.table_bits() / 8 + 64 >= 4.0 * t.codes.size:
+    if t.codes.size * bits / 8 + t.table_bits() / 8 + 64 >= plain_bytes * t.codes.size:
         return f"{t.codebook.size} values for {t.codes.size} weights: a codebook would not shrink it"
     return None
 

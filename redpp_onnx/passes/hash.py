@@ -16,7 +16,7 @@ from typing import Callable, Optional
 import numpy as np
 import onnx
 
-from ..analysis.layers import ConstantTensors, Refusal, representable, scan_layers, tensor_like
+from ..analysis.layers import ConstantTensors, Refusal, np_dtype, representable, scan_layers, tensor_like
 from ..config import HashConfig
 from ..hashing import hash_tensor, uniform_int8
 from ..hashing.kde import grid_step
@@ -230,20 +230,26 @@ def store_codebooks(result: HashPassResult, form: str = "standard") -> None:
             rows[w].reasons.append(f"codebook storage needs opset >= {MIN_OPSET}; weights stored plainly")
         return
     tensors = []
+    half = {}  # float16 / bfloat16 weights: stored name (decoded in float32) -> (weight, its type)
+    taken = {t.name for t in model.graph.initializer} | {o for n in model.graph.node for o in n.output}
     for w in todo:
         dtype = consts.proto(w).data_type
-        if dtype != onnx.TensorProto.FLOAT:
-            rows[w].reasons.append(f"codebook storage: the decoders write float32, this weight is "
-                                   f"{onnx.TensorProto.DataType.Name(dtype)}; stored plainly (hashed values, own type)")
-            continue
         values = consts.array(w)
+        name = w
+        if dtype != onnx.TensorProto.FLOAT:  # decoded in float32, then one Cast to its type (exact:
+            values = values.astype(np.float32)  # the hashed values are that type's numbers)
+            name = f"{w}__float32"
+            while name in taken:
+                name += "_"
+            taken.add(name)
+            half[name] = (w, dtype)
         axis = result.lattice_axes.get(w, 0)
         groups = result.lattice_groups.get(w)
         if groups is not None and (values.ndim < 2 or np.size(groups) != values.shape[axis % values.ndim]):
             groups = None  # not this tensor's channels (a later pass reshaped it)
-        t = tensor_codes(w, values, result.lattice_units[w], unit_axis=axis, channel_groups=groups,
+        t = tensor_codes(name, values, result.lattice_units[w], unit_axis=axis, channel_groups=groups,
                          coder="rans" if form == "compact" else "prefix")
-        why = refusal(t)
+        why = refusal(t, plain_bytes=np_dtype(dtype).itemsize)
         if why is None:
             tensors.append(t)
         else:
@@ -255,7 +261,13 @@ def store_codebooks(result: HashPassResult, form: str = "standard") -> None:
     size_before = model.ByteSize()
     opsets = [onnx.OperatorSetIdProto(domain=o.domain, version=o.version) for o in model.opset_import]
     for t in tensors:
-        _remove_constant(model, t.name)
+        if t.name in half:
+            w, dtype = half[t.name]
+            _remove_constant(model, w)
+            model.graph.node.insert(0, onnx.helper.make_node("Cast", [t.name], [w], to=dtype,
+                                                             name=f"{w}__cast"))
+        else:
+            _remove_constant(model, t.name)
     if form == "compact":
         from .. import compact
 
@@ -273,12 +285,17 @@ def store_codebooks(result: HashPassResult, form: str = "standard") -> None:
             del model.opset_import[:]
             model.opset_import.extend(opsets)
         for t in tensors:
-            rows[t.name].reasons.append(f"codebook storage would make the file {grown} bytes larger (the decoder "
-                                        "costs more than the codes save); stored plainly")
+            rows[half.get(t.name, (t.name,))[0]].reasons.append(
+                f"codebook storage would make the file {grown} bytes larger (the decoder costs more than the "
+                "codes save); stored plainly")
         return
     for t in tensors:
-        rows[t.name].code_bits = round(stored[t.name][0], 3)
-        rows[t.name].codebook_type = "int16" if t.lattice is not None else "float32"
+        row = rows[half.get(t.name, (t.name,))[0]]
+        row.code_bits = round(stored[t.name][0], 3)
+        row.codebook_type = "int16" if t.lattice is not None else "float32"
+        if t.name in half:
+            row.reasons.append(f"decoded in float32 as {t.name}, then cast to "
+                               f"{onnx.TensorProto.DataType.Name(half[t.name][1])}")
     result.codebook_layers = len(tensors)
 
 
