@@ -59,7 +59,7 @@ def _compress(model, config: CompressConfig, *, progress, file_bytes_before, plo
         file_bytes_before = len(io.serialize(model))
     # exporters rename deduplicated constants with Identity nodes: the passes read them directly
     work, aliases = resolve_constant_identities(model)
-    eligible_before = scan_layers(work, include_grouped=config.hash.include_depthwise)
+    eligible_before = scan_layers(work, include_grouped=config.hash.include_depthwise, tables=True)
 
     out, hashed, merged, split, calibration = work, None, None, None, None
     reduce_first = "merge" in config.steps and config.merge.reduces and not config.calibrate
@@ -92,7 +92,7 @@ def _compress(model, config: CompressConfig, *, progress, file_bytes_before, plo
         split = SplitPass(config.split, progress=_phase(progress, "splitting")).run(out)
         out = split.model
         timings["split"] = time.perf_counter() - t
-    final_scan = scan_layers(out, include_grouped=config.hash.include_depthwise)  # before codebooks:
+    final_scan = scan_layers(out, include_grouped=config.hash.include_depthwise, tables=True)  # before codebooks:
     if config.codebook and hashed is not None:  # they only change how the same weights are stored
         hashed.model = out
         _phase(progress, "codebooks")

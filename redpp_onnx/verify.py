@@ -40,6 +40,7 @@ function of the seed and the model only, unless the time budget stops it (report
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import time
 from typing import Optional
@@ -62,6 +63,9 @@ _NP_TYPE = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.floa
 
 GUESS_DIM = 64
 """A dynamic dimension other than the batch, without a shape from the user, gets this size."""
+MAX_INPUT_ELEMENTS = 1 << 28
+"""A synthetic batch of one input has at most this many values (1 GiB of float32); a larger
+one (a dimension of absurd size) is refused with the reason instead of exhausting memory."""
 MIN_SAMPLES = 32
 """Synthetic inputs: at least this many samples (unless the time budget stops the runs first)."""
 MAX_SAMPLES = 512
@@ -392,6 +396,12 @@ def compare(original: onnx.ModelProto, candidate: onnx.ModelProto, *, batch: int
     if data is not None and not isinstance(data, NamedInputs):
         data = load_data(data, original)
     plans = None if data is not None else plan_inputs(original, batch, shapes, guessed)
+    for p in plans or []:
+        size = math.prod(p.shape)
+        if size > MAX_INPUT_ELEMENTS:
+            raise RedppError(f"input {p.name}: one synthetic batch of shape {list(p.shape)} has {size:,} values, more "
+                             f"than the {MAX_INPUT_ELEMENTS:,} verification draws; give realistic sizes with "
+                             "--input-shape, or pass --no-verify")
     try:
         ref = session(io.serialize(original),
                       graph_optimization_level=ort.GraphOptimizationLevel.ORT_DISABLE_ALL)

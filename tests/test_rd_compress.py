@@ -85,12 +85,28 @@ def test_weight_error_still_selects_the_per_layer_rule():
     assert all(l["rel_error"] <= 0.01 + 1e-6 for l in rows)
 
 
-def test_a_model_with_token_inputs_falls_back_to_the_bn_proxy_and_says_so():
+def test_a_model_with_token_inputs_is_measured_on_token_ids():
+    """Token ids are drawn as the verification draws them (uniform over the embedding table's
+    rows), so the synthetic measurement runs; the embedding table is hashed too."""
     path = ZOO / "encoder_ts.onnx"
     _, r = compress(onnx.load(str(path)), CompressConfig(steps=("hash",), verify=False))
+    assert r.model["rd"]["proxy"] == "synthetic"
+    assert not any("synthetic-input measurement cannot feed this model" in n for n in r.notes)
+    assert {l["op_type"] for l in r.layers if l.get("eligible", True) and l["method"] == "rd"} >= {"Gather", "Gemm"}
+
+
+def test_integers_of_unknown_use_fall_back_to_the_bn_proxy_and_say_so():
+    """An integer input that indexes no table: no synthetic sample fits it."""
+    from onnx import TensorProto
+
+    g = GraphBuilder(3)
+    y = g.gemm(g.node("Cast", ["x"], to=TensorProto.FLOAT), 16, 8)
+    m = g.model(["N", 16], y, check=False)
+    m.graph.input[0].type.tensor_type.elem_type = TensorProto.INT64
+    onnx.checker.check_model(m)
+    _, r = compress(m, CompressConfig(steps=("hash",), verify=False))
     assert r.model["rd"]["proxy"] == "bn"
-    assert any("synthetic-input measurement cannot feed this model" in n for n in r.notes)
-    assert r.model["changed_layers"] > 0
+    assert any("integers of unknown use" in n for n in r.notes)
 
 
 def test_config_errors():

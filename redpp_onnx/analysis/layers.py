@@ -291,8 +291,10 @@ def _cut_large_constants(m: onnx.ModelProto, shapes: dict[str, tuple], types: di
         graph.input.extend(cut)
 
 
-def scan_layers(model: onnx.ModelProto, *, include_grouped: bool = False) -> LayerScan:
-    """Eligible layers and the reasons the other Conv/Gemm/MatMul nodes are not.
+def scan_layers(model: onnx.ModelProto, *, include_grouped: bool = False, tables: bool = False) -> LayerScan:
+    """Eligible layers and the reasons the other Conv/Gemm/MatMul nodes are not. ``tables``: also
+    embedding tables (``Gather`` along axis 0 of a 2-D float constant by computed indices; layer
+    ``op_type`` "Gather", ``macs`` 0: a lookup), which only hashing and storage handle.
 
     MACs are for one sample at the shapes of :func:`static_shapes` (the ``--input-shape`` sizes
     followed through the graph): a Conv's output positions per sample times ``C_in/group·kh·kw``;
@@ -312,7 +314,12 @@ def scan_layers(model: onnx.ModelProto, *, include_grouped: bool = False) -> Lay
                     for sub in iter_nodes_deep(g) for name in sub.input}
     layers, refused = [], []
     for i, node in enumerate(model.graph.node):
-        if node.op_type not in ("Conv", "Gemm", "MatMul") or node.domain not in ("", "ai.onnx"):
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        if tables and node.op_type == "Gather":
+            _table(model, i, node, names[i], consts, consumers, in_subgraphs, layers, refused)
+            continue
+        if node.op_type not in ("Conv", "Gemm", "MatMul"):
             continue
         name = names[i]
 
@@ -372,6 +379,37 @@ def scan_layers(model: onnx.ModelProto, *, include_grouped: bool = False) -> Lay
             layers.append(Layer(name, "MatMul", weight, shape,
                                 macs=rows * int(np.prod(shape)) if rows is not None else None))
     return LayerScan(tuple(layers), tuple(refused))
+
+
+def _table(model, i, node, name, consts, consumers, in_subgraphs, layers, refused) -> None:
+    """An embedding table read by Gather node ``i``: appended to ``layers`` or, with its reason, to
+    ``refused``; a Gather of anything else (shapes, constant indices) is not a candidate."""
+    if len(node.input) < 2 or node.input[0] not in consts or node.input[1] in consts:
+        return
+    proto = consts.proto(node.input[0])
+    if proto.data_type not in FLOAT_TYPES or len(proto.dims) != 2:
+        return
+    table = node.input[0]
+
+    def refuse(reason):
+        refused.append(Refusal(name, "Gather", reason))
+
+    if int(_attr(node, "axis", 0)) not in (0, -2):
+        refuse("Gather along the table's second axis (not a row lookup)")
+        return
+    bad = _weight_problem(consts, table, "Gather")
+    if not bad and table in in_subgraphs:
+        bad = "table is also read inside a subgraph (If / Loop / Scan body), which is left untouched"
+    if bad:
+        refuse(bad)
+        return
+    users = consumers[table]
+    if len(users) > 1:
+        names = node_names(model)
+        refuse(f"table {table} is shared with {', '.join(names[k] for k, _ in users if k != i)} "
+               "(tied embeddings)")
+        return
+    layers.append(Layer(name, "Gather", table, tuple(proto.dims), macs=0))
 
 
 def _weight_problem(consts: "ConstantTensors", weight: str, op_type: str) -> Optional[str]:

@@ -170,7 +170,7 @@ def output_axis(op_type: str, shape: tuple, trans_b: bool) -> int:
     the last axis for Gemm(transB=0) and MatMul (``[in, out]``)."""
     if op_type == "Conv" or (op_type == "Gemm" and trans_b):
         return 0
-    return len(shape) - 1
+    return len(shape) - 1  # Gemm(transB=0), MatMul [in, out], Gather table [rows, dims]: dims
 
 
 def _attr(node, name, default):
@@ -203,8 +203,10 @@ def layer_views(model: onnx.ModelProto) -> List[LayerView]:
     for n in model.graph.node:
         if n.op_type in ("Conv", "Gemm", "MatMul") and len(n.input) > 1:
             node_of.setdefault(n.input[1], n)
+        elif n.op_type == "Gather" and n.input:
+            node_of.setdefault(n.input[0], n)
     views = []
-    for layer in scan_layers(model).layers:
+    for layer in scan_layers(model, tables=True).layers:
         w = consts.array(layer.weight).astype(np.float32)
         ax = output_axis(layer.op_type, w.shape, layer.trans_b)
         rows = channel_rows(w, ax)
@@ -277,6 +279,9 @@ def input_stats(model: onnx.ModelProto, views: Sequence[LayerView]) -> List[Inpu
     state = moment_state(model)
     out = []
     for v in views:
+        if v.op_type == "Gather":  # a lookup: every row read alike (no input statistics)
+            out.append(InputStats(None, None))
+            continue
         s = state.get(v.node.input[0])
         mean, var = getattr(s, "mean", None), getattr(s, "var", None)
         out.append(InputStats(None if mean is None else np.asarray(mean, np.float64).ravel(),
@@ -355,6 +360,9 @@ def correct(original: onnx.ModelProto, model: onnx.ModelProto, views: Sequence[L
         if np.array_equal(w0, wq):
             notes.append("")
             continue
+        if v.op_type == "Gather":
+            notes.append("an embedding table: no gain or bias to correct (rows are read, not summed)")
+            continue
         node = node_of[v.weight]
         bn = _following_bn(model, consumers, node)
         have_bn = bn is not None and all(bn.input[k] in consts for k in (1, 3))
@@ -422,15 +430,25 @@ def with_weights(model: onnx.ModelProto, new: dict) -> onnx.ModelProto:
     return out
 
 
+MAX_SYNTHETIC_ELEMENTS = 1 << 26
+"""At most this many values per input of the synthetic measurement (256 MiB of float32): larger
+inputs fall back to the ``"bn"`` estimate."""
+
+
 class SyntheticInputsUnavailable(ValueError):
     """The ``"synthetic"`` proxy cannot feed this model (an input without a static shape, or not
     float): the caller falls back to ``"bn"``."""
 
 
 def _synthetic_inputs(model: onnx.ModelProto, samples: int, seed: int) -> dict:
+    """``samples`` inputs: floats standard normal; other inputs by the verification's rules
+    (``verify.plan_inputs``: token ids uniform over the embedding table they index, masks of ones,
+    segment ids 0), or :class:`SyntheticInputsUnavailable` when none fits."""
+    from ..verify import plan_inputs
+
     inits = {t.name for t in model.graph.initializer}
     shapes = static_shapes(model)
-    feeds = {}
+    feeds, sizes = {}, {}
     rng = np.random.default_rng(seed)
     for inp in model.graph.input:
         if inp.name in inits:
@@ -438,11 +456,25 @@ def _synthetic_inputs(model: onnx.ModelProto, samples: int, seed: int) -> dict:
         shape = shapes.get(inp.name)
         if shape is None or any(not isinstance(d, int) for d in shape[1:]):
             raise SyntheticInputsUnavailable(f"input {inp.name!r} has no static shape (give it with --input-shape)")
+        size = samples * math.prod(shape[1:])
+        if size > MAX_SYNTHETIC_ELEMENTS:
+            raise SyntheticInputsUnavailable(f"input {inp.name!r}: {samples} samples of shape {list(shape[1:])} "
+                                             f"are {size:,} values, more than {MAX_SYNTHETIC_ELEMENTS:,}")
         elem = inp.type.tensor_type.elem_type
-        if elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16):
-            raise SyntheticInputsUnavailable(f"input {inp.name!r} is not float (token ids, masks: standard-normal "
-                                             "samples do not fit it)")
-        feeds[inp.name] = rng.standard_normal((samples, *shape[1:])).astype(np.float32).astype(np_dtype(elem))
+        if elem in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16):
+            feeds[inp.name] = rng.standard_normal((samples, *shape[1:])).astype(np.float32).astype(np_dtype(elem))
+        else:
+            sizes[inp.name] = (samples, *shape[1:])
+    if sizes:
+        try:
+            plans = [p for p in plan_inputs(model, samples, shapes=sizes) if p.name in sizes]
+        except Exception as err:  # noqa: BLE001 -- an input type verification does not know either
+            raise SyntheticInputsUnavailable(str(err)) from err
+        for p in plans:
+            if p.distribution == "uniform integers" and p.why.startswith("integers of unknown use"):
+                raise SyntheticInputsUnavailable(f"input {p.name!r}: integers of unknown use (no embedding table "
+                                                 "found to draw token ids from)")
+            feeds[p.name] = p.draw(rng)
     return feeds
 
 
@@ -500,6 +532,10 @@ def sensitivities(model: onnx.ModelProto, views: Sequence[LayerView], proxy: str
         raise ValueError(f"proxy must be one of {PROXIES}, got {proxy!r}")
     if not model.graph.output:
         raise SyntheticInputsUnavailable("the model has no outputs")
+    fixed = _fixed_batch(model)
+    if fixed:  # an export with a static batch dimension: run it in batches of exactly that size
+        batch = fixed
+        samples = max(fixed, samples // fixed * fixed)
     feeds = _synthetic_inputs(model, samples, seed)
     ref = _run_synthetic(model, feeds, samples, batch)
     shared = {"model": model.SerializeToString(), "feeds": feeds, "views": list(views), "vins": vins,
@@ -514,6 +550,17 @@ def sensitivities(model: onnx.ModelProto, views: Sequence[LayerView], proxy: str
                              if progress else None, cost=[v.params for v in views])
     finally:
         _PARSED.clear()  # the serial path parsed here: do not keep the model alive
+
+
+def _fixed_batch(model: onnx.ModelProto) -> Optional[int]:
+    """The static first dimension of the graph inputs when one is static (exporters that trace
+    with an example batch), else None (a dynamic batch)."""
+    inits = {t.name for t in model.graph.initializer}
+    for inp in model.graph.input:
+        dims = inp.type.tensor_type.shape.dim if inp.type.HasField("tensor_type") else []
+        if inp.name not in inits and dims and dims[0].HasField("dim_value") and dims[0].dim_value > 0:
+            return int(dims[0].dim_value)
+    return None
 
 
 def _run_synthetic(model: onnx.ModelProto, feeds: dict, samples: int, batch: int) -> np.ndarray:
@@ -1175,7 +1222,7 @@ def rd_hash(model: onnx.ModelProto, budget: Optional[float] = 0.1, *, target_bit
         budget = None
     elif budget is None or not (budget > 0 and math.isfinite(budget)):
         raise ValueError(f"budget must be a positive number, got {budget!r}")
-    if plan is None and not scan_layers(model).layers:  # nothing eligible: nothing to measure or choose
+    if plan is None and not scan_layers(model, tables=True).layers:  # nothing eligible: nothing to measure or choose
         out = onnx.ModelProto()
         out.CopyFrom(model)
         return out, RDResult([], ZERO_BITS, 0.0, budget, target_bits, proxy, gain_correction, bias_correction, 0.0, {})

@@ -90,7 +90,7 @@ class HashPass:
             if self.codebook:
                 store_codebooks(result)
             return result
-        scan = scan_layers(model, include_grouped=self.config.include_depthwise)
+        scan = scan_layers(model, include_grouped=self.config.include_depthwise, tables=True)
         out = onnx.ModelProto()
         out.CopyFrom(model)
         consts = ConstantTensors(out)
@@ -161,7 +161,7 @@ def rd_pass_result(model: onnx.ModelProto, out: onnx.ModelProto, res) -> HashPas
     """The :class:`HashPassResult` of ``(out, res) = rd.rd_hash(model, ...)``: a report row per
     layer, and for the storage the lattice unit of every output channel's codebook (one float
     when the layer has one grid), its output-channel axis and the channel -> codebook map."""
-    scan = scan_layers(model)
+    scan = scan_layers(model, tables=True)
     macs = {l.node: l.macs for l in scan.layers}
     rows, units, axes, groups = [], {}, {}, {}
     for info in res.layers:

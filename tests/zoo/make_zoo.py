@@ -3,7 +3,7 @@
 Developer tool (needs torch and onnxscript, which are not dependencies of the project):
 
     pip install torch==2.13.0 onnxscript
-    python tests/zoo/make_zoo.py
+    python tests/zoo/make_zoo.py [NAME ...]
 
 It writes ``<name>_ts.onnx`` (TorchScript exporter, opset 17, dynamic batch; it folds
 BatchNorm into Conv and deduplicates equal initializers through Identity nodes) and
@@ -60,6 +60,25 @@ class Encoder(nn.Module):
 
     def forward(self, ids):
         return self.out(self.enc(self.emb(ids)).mean(1))
+
+
+class BertLike(nn.Module):
+    """A BERT-style sentence encoder: word + position embeddings, LayerNorm, two post-norm
+    Transformer layers with their own weights (GELU MLP), mean-pooled sentence embedding (the
+    output: no head). Seeded random weights; token ids ``[N, 16]`` below 1,000."""
+
+    def __init__(self, vocab=1000, dim=64, layers=2, seq=16):
+        super().__init__()
+        self.words, self.positions = nn.Embedding(vocab, dim), nn.Embedding(seq, dim)
+        self.norm = nn.LayerNorm(dim)
+        self.layers = nn.ModuleList(nn.TransformerEncoderLayer(dim, 4, 2 * dim, batch_first=True, dropout=0.0,
+                                                               activation="gelu") for _ in range(layers))
+
+    def forward(self, ids):
+        x = self.norm(self.words(ids) + self.positions.weight[: ids.shape[1]])
+        for layer in self.layers:
+            x = layer(x)
+        return x.mean(1)
 
 
 class LSTMNet(nn.Module):
@@ -134,12 +153,18 @@ MODELS = {"mobilenetv2ish": (MobileNetV2ish, lambda: torch.randn(2, 3, 32, 32)),
           "conv1d": (Conv1D, lambda: torch.randn(2, 8, 40)),
           "unetish": (UNetish, lambda: torch.randn(2, 3, 16, 16)),
           "tied": (Tied, lambda: torch.randn(2, 32)),
-          "mlp": (MLP, lambda: torch.randn(2, 1, 14, 14))}
+          "mlp": (MLP, lambda: torch.randn(2, 1, 14, 14)),
+          "bertlike": (BertLike, lambda: torch.randint(0, 1000, (2, 16)))}
 
 
 def main() -> None:
+    import sys
+
     warnings.filterwarnings("ignore")
+    only = sys.argv[1:]  # names to export (default: all)
     for name, (cls, example) in MODELS.items():
+        if only and name not in only:
+            continue
         torch.manual_seed(0)
         model = cls().eval()
         x = example()
