@@ -610,6 +610,27 @@ def section_workers(data) -> list[str]:
     return out + [""]
 
 
+def section_transformer(data) -> list[str]:
+    rows, m = data.get("rows", []), data.get("model", {})
+    if not rows:
+        return []
+    out = ["## A BERT-sized sentence encoder (embedding table, attention and MLP MatMuls)", "",
+           "Command: `python benchmarks/bench_transformer.py`. "
+           f"{m['kind']}: {m['vocab']:,}-token table, width {m['dim']}, {m['layers']} layers, {m['heads']} heads, "
+           f"MLP {m['ffn']}, {m['seq']} tokens; {m['params']:,} parameters, {m['file_bytes']:,} bytes. Cosine "
+           f"similarity of each file's sentence embeddings to the float32 original's on {data['samples']} "
+           f"held-out token-id sequences ({data['ids']}); ours loaded by `redpp_onnx.session()`, the others by "
+           "onnxruntime; compress run in a fresh process without verification (wall time, peak RSS).", "",
+           "| setting | file bytes | smaller | cosine min | cosine mean | compress s | peak MiB |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        sec = f"{r['wall_s']:.1f}" if r.get("wall_s") is not None else "-"
+        mem = f"{r['peak_rss_mb']:.0f}" if r.get("peak_rss_mb") else "-"
+        out.append(f"| {r['setting']} | {r['file_bytes']:,} | {r['ratio']:.2f}x | {r['cosine']['min']:.5f} | "
+                   f"{r['cosine']['mean']:.5f} | {sec} | {mem} |")
+    return out + [""]
+
+
 def section_scale(data) -> list[str]:
     rows = data["rows"]
     out = ["## The whole command on a ResNet-50-sized model", "",
@@ -666,7 +687,7 @@ def main(argv=None):
     for name, render in (("hashing.json", section_hashing), ("theory.json", section_theory),
                          ("hashing_speed.json", section_speed), ("codebook.json", section_codebook),
                          ("rd.json", section_rd), ("workers.json", section_workers),
-                         ("scale.json", section_scale),
+                         ("transformer.json", section_transformer), ("scale.json", section_scale),
                          ("merge.json", section_merge), ("reduce.json", section_reduce),
                          ("ablation.json", section_ablation), ("relaxed.json", section_relaxed),
                          ("latency.json", section_latency), ("split_cost.json", section_break_even),

@@ -67,12 +67,13 @@ class BertLike(nn.Module):
     Transformer layers with their own weights (GELU MLP), mean-pooled sentence embedding (the
     output: no head). Seeded random weights; token ids ``[N, 16]`` below 1,000."""
 
-    def __init__(self, vocab=1000, dim=64, layers=2, seq=16):
+    def __init__(self, vocab=1000, dim=64, layers=2, seq=16, heads=4, ffn=None):
         super().__init__()
         self.words, self.positions = nn.Embedding(vocab, dim), nn.Embedding(seq, dim)
         self.norm = nn.LayerNorm(dim)
-        self.layers = nn.ModuleList(nn.TransformerEncoderLayer(dim, 4, 2 * dim, batch_first=True, dropout=0.0,
-                                                               activation="gelu") for _ in range(layers))
+        self.layers = nn.ModuleList(nn.TransformerEncoderLayer(dim, heads, ffn or 2 * dim, batch_first=True,
+                                                               dropout=0.0, activation="gelu")
+                                    for _ in range(layers))
 
     def forward(self, ids):
         x = self.norm(self.words(ids) + self.positions.weight[: ids.shape[1]])

@@ -1,0 +1,163 @@
+"""A BERT-sized sentence encoder: our compressed files against the data-free alternatives a user
+already has (onnxruntime's ``quantize_dynamic`` int8, float16 weights), measured by the same code:
+file bytes, cosine similarity of the sentence embeddings to the float32 original on held-out
+token ids, compress wall time and peak memory.
+
+The model is ``BertLike`` of tests/zoo/make_zoo.py at BERT-small sizes (default: 30,522-token
+table, 384 wide, 6 layers, 6 heads, MLP 1,536, 64 tokens: 22.3 M parameters, about 89 MB),
+built with torch from seeded random weights (torch is needed to build it, never to run it);
+its weights are random, not trained: the distributions differ from a trained BERT's.
+
+    python benchmarks/bench_transformer.py [--layers 6] [--dim 384] [--vocab 30522] [--samples 256]
+
+Run it alone on the machine (it times).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _common import PEAK_RSS_KB_EXPR, shared_parser, write_json  # noqa: E402
+
+CHILD = r"""
+import json, re, sys, time
+from redpp_onnx.cli import main
+if __name__ == "__main__":
+    t = time.perf_counter()
+    code = main(sys.argv[1:])
+    print(json.dumps({"exit": code, "wall_s": time.perf_counter() - t, "peak_kb": int(%s)}))
+""" % PEAK_RSS_KB_EXPR
+
+
+def build(path: Path, vocab: int, dim: int, layers: int, heads: int, ffn: int, seq: int) -> dict:
+    import warnings
+
+    import onnx
+    import torch
+
+    sys.path.insert(0, str(ROOT / "tests" / "zoo"))
+    from make_zoo import IR_VERSION, BertLike
+
+    warnings.filterwarnings("ignore")
+    torch.manual_seed(0)
+    model = BertLike(vocab, dim, layers, seq, heads, ffn).eval()
+    ids = torch.randint(0, vocab, (2, seq))
+    torch.onnx.export(model, (ids,), str(path), dynamo=False, opset_version=17, input_names=["ids"],
+                      output_names=["embedding"], dynamic_axes={"ids": {0: "N"}, "embedding": {0: "N"}})
+    m = onnx.load(str(path))
+    m.ir_version = min(m.ir_version, IR_VERSION)
+    onnx.save(m, str(path))
+    return {"params": int(sum(p.numel() for p in model.parameters())), "file_bytes": path.stat().st_size}
+
+
+def fp16_all(src: Path, dst: Path) -> Path:
+    """Every float32 initializer of at least 1,024 values stored as float16 and cast back to float32
+    (tables included): what a user gets from a float16 export that keeps float32 activations."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from redpp_onnx import io
+
+    model = io.load_model(src)
+    casts = []
+    for t in model.graph.initializer:
+        if t.data_type == onnx.TensorProto.FLOAT and np.prod(t.dims) >= 1024:
+            name = t.name
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float16), name + "__fp16"))
+            casts.append(helper.make_node("Cast", [name + "__fp16"], [name], to=onnx.TensorProto.FLOAT))
+    nodes = casts + list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    io.save_model(model, dst, force=True)
+    return dst
+
+
+def embeddings(path: Path, ids: np.ndarray, fast: bool) -> np.ndarray:
+    import onnxruntime as ort
+
+    import redpp_onnx
+
+    s = redpp_onnx.session(str(path)) if fast else ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    name = s.get_inputs()[0].name
+    return np.concatenate([s.run(None, {name: ids[i:i + 32]})[0] for i in range(0, len(ids), 32)]).astype(np.float64)
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> dict:
+    c = np.sum(a * b, 1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    return {"min": float(c.min()), "mean": float(c.mean())}
+
+
+def main(argv=None):
+    ap = shared_parser(__doc__, "transformer.json", shared=False)
+    ap.add_argument("--vocab", type=int, default=30522)
+    ap.add_argument("--dim", type=int, default=384)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--heads", type=int, default=6)
+    ap.add_argument("--ffn", type=int, default=1536)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--samples", type=int, default=256)
+    args = ap.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="bench_transformer_"))
+    src = work / "encoder.onnx"
+    info = build(src, args.vocab, args.dim, args.layers, args.heads, args.ffn, args.seq)
+    print(f"model: {info['params']:,} parameters, {info['file_bytes']:,} bytes", flush=True)
+    ids = np.random.default_rng(1).integers(0, args.vocab, (args.samples, args.seq)).astype(np.int64)
+    ref = embeddings(src, ids, fast=False)
+    script = work / "child.py"
+    script.write_text(CHILD)
+    rows = []
+
+    def record(label, path, seconds=None, peak_kb=None, fast=False, how=""):
+        emb = embeddings(path, ids, fast)
+        row = {"setting": label, "how": how, "file_bytes": path.stat().st_size,
+               "ratio": info["file_bytes"] / path.stat().st_size, "cosine": cosines(ref, emb),
+               "wall_s": seconds, "peak_rss_mb": peak_kb / 1024 if peak_kb else None}
+        rows.append(row)
+        print(f"  {label:44} {row['file_bytes']:>12,} B  {row['ratio']:5.2f}x  cosine min {row['cosine']['min']:.5f}"
+              f" mean {row['cosine']['mean']:.5f}" + (f"  {seconds:.1f} s" if seconds else "")
+              + (f", {row['peak_rss_mb']:.0f} MB" if peak_kb else ""),
+              flush=True)
+
+    ours = [("redpp default (standard-ops form)", []),
+            ("redpp default, compact", ["--storage", "compact"]),
+            ("redpp --budget 0.05, compact", ["--budget", "0.05", "--storage", "compact"]),
+            ("redpp --budget 0.03, compact", ["--budget", "0.03", "--storage", "compact"]),
+            ("redpp --budget 0.03 (standard-ops form)", ["--budget", "0.03"]),
+            ("redpp --budget 0.02, compact", ["--budget", "0.02", "--storage", "compact"]),
+            ("redpp --budget 0.01, compact", ["--budget", "0.01", "--storage", "compact"])]
+    for k, (label, extra) in enumerate(ours):
+        out = work / f"ours{k}.onnx"
+        proc = subprocess.run([sys.executable, str(script), "compress", str(src), "-o", str(out), "-q", "--no-verify",
+                               *extra], capture_output=True, text=True)
+        res = json.loads(proc.stdout.strip().splitlines()[-1])
+        if res["exit"] != 0:
+            raise SystemExit(f"{label}: exit {res['exit']}: {proc.stderr[-2000:]}")
+        record(label, out, res["wall_s"], res["peak_kb"], fast=True, how="redpp-onnx compress " + " ".join(extra))
+    from _real_baselines import ort_quantize_dynamic
+
+    for per_channel in (False, True):
+        dst = work / f"qd{int(per_channel)}.onnx"
+        t = time.perf_counter()
+        ort_quantize_dynamic(src, dst, per_channel=per_channel)
+        record(f"onnxruntime quantize_dynamic int8{' per-channel' if per_channel else ''}", dst,
+               time.perf_counter() - t, how="onnxruntime.quantization.quantize_dynamic")
+    dst = work / "fp16.onnx"
+    record("float16 weights + Cast", fp16_all(src, dst), how="every float32 initializer >= 1,024 values as float16")
+    write_json(args.out, {"model": {"kind": "BertLike (tests/zoo/make_zoo.py), seeded random weights",
+                                    "vocab": args.vocab, "dim": args.dim, "layers": args.layers, "heads": args.heads,
+                                    "ffn": args.ffn, "seq": args.seq, **info},
+                          "samples": args.samples, "ids": "uniform over the vocabulary, seed 1", "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
