@@ -63,6 +63,8 @@ _NP_TYPE = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.floa
 
 GUESS_DIM = 64
 """A dynamic dimension other than the batch, without a shape from the user, gets this size."""
+UNKNOWN_INTEGERS = "integers of unknown use"
+"""How the rule for integer inputs that index no table begins its ``why`` (no sample fits them)."""
 MAX_INPUT_ELEMENTS = 1 << 28
 """A synthetic batch of one input has at most this many values (1 GiB of float32); a larger
 one (a dimension of absurd size) is refused with the reason instead of exhausting memory."""
@@ -241,7 +243,7 @@ def _rule(graph: _Graph, name: str, dtype: np.dtype) -> dict:
             return dict(distribution="uniform integers", low=int(info.min), high=int(info.max),
                         why=f"the full {np.dtype(dtype)} range (e.g. image pixels)")
         return dict(distribution="uniform integers", low=0, high=1,
-                    why="integers of unknown use (no Gather on a constant table found): 0 or 1, a range no index "
+                    why=f"{UNKNOWN_INTEGERS} (no Gather on a constant table found): 0 or 1, a range no index "
                         "or count overflows; give your own inputs with --verify-data")
     return dict(distribution="standard normal", why="floats: standard normal")
 

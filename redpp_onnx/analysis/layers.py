@@ -100,6 +100,11 @@ class ConstantTensors:
             raise KeyError(f"{name!r} is not a constant of the model (an initializer or a Constant node)")
         return numpy_helper.to_array(proto)
 
+    def floats(self, name: str) -> np.ndarray:
+        """:meth:`array`, with float16 / bfloat16 widened to float32 (what the passes compute in)."""
+        a = self.array(name)
+        return a.astype(np.float32) if a.dtype.name in ("float16", "bfloat16") else a
+
 
 def iter_nodes_deep(graph: onnx.GraphProto):
     """Every node of ``graph`` and of its subgraphs (If / Loop / Scan bodies), depth first."""
@@ -317,7 +322,7 @@ def scan_layers(model: onnx.ModelProto, *, include_grouped: bool = False, tables
         if node.domain not in ("", "ai.onnx"):
             continue
         if tables and node.op_type == "Gather":
-            _table(model, i, node, names[i], consts, consumers, in_subgraphs, layers, refused)
+            _table(i, node, names, consts, consumers, in_subgraphs, layers, refused)
             continue
         if node.op_type not in ("Conv", "Gemm", "MatMul"):
             continue
@@ -336,16 +341,10 @@ def scan_layers(model: onnx.ModelProto, *, include_grouped: bool = False, tables
                    "only float32, float16 and bfloat16 weights are handled")
             continue
         bad = (_weight_problem(consts, weight, node.op_type) or _bias_problem(consts, node)
-               or _conv_attribute_problem(node, consts.proto(weight)))
-        if not bad and weight in in_subgraphs:
-            bad = "weight is also read inside a subgraph (If / Loop / Scan body), which is left untouched"
+               or _conv_attribute_problem(node, consts.proto(weight))
+               or _reuse_problem(weight, i, consumers, names, in_subgraphs, "weight"))
         if bad:
             refuse(bad)
-            continue
-        users = consumers[weight]
-        if len(users) > 1:
-            others = ", ".join(names[k] for k, _ in users if k != i)
-            refuse(f"weight {weight} is shared with {others}")
             continue
         shape = tuple(proto.dims)
         out = shapes.get(node.output[0])
@@ -381,7 +380,18 @@ def scan_layers(model: onnx.ModelProto, *, include_grouped: bool = False, tables
     return LayerScan(tuple(layers), tuple(refused))
 
 
-def _table(model, i, node, name, consts, consumers, in_subgraphs, layers, refused) -> None:
+def _reuse_problem(weight: str, i: int, consumers, names, in_subgraphs, what: str) -> Optional[str]:
+    """Why node ``i`` cannot have constant ``weight`` rewritten for itself alone (read inside a
+    subgraph, or by other nodes), or None. ``what``: "weight" or "table", for the message."""
+    if weight in in_subgraphs:
+        return f"{what} is also read inside a subgraph (If / Loop / Scan body), which is left untouched"
+    users = consumers[weight]
+    if len(users) > 1:
+        return f"{what} {weight} is shared with {', '.join(names[k] for k, _ in users if k != i)}"
+    return None
+
+
+def _table(i, node, names, consts, consumers, in_subgraphs, layers, refused) -> None:
     """An embedding table read by Gather node ``i``: appended to ``layers`` or, with its reason, to
     ``refused``; a Gather of anything else (shapes, constant indices) is not a candidate."""
     if len(node.input) < 2 or node.input[0] not in consts or node.input[1] in consts:
@@ -390,26 +400,17 @@ def _table(model, i, node, name, consts, consumers, in_subgraphs, layers, refuse
     if proto.data_type not in FLOAT_TYPES or len(proto.dims) != 2:
         return
     table = node.input[0]
-
-    def refuse(reason):
-        refused.append(Refusal(name, "Gather", reason))
-
     if int(_attr(node, "axis", 0)) not in (0, -2):
-        refuse("Gather along the table's second axis (not a row lookup)")
-        return
-    bad = _weight_problem(consts, table, "Gather")
-    if not bad and table in in_subgraphs:
-        bad = "table is also read inside a subgraph (If / Loop / Scan body), which is left untouched"
+        bad = "Gather along the table's second axis (not a row lookup)"
+    else:
+        bad = _weight_problem(consts, table, "Gather") or _reuse_problem(table, i, consumers, names, in_subgraphs,
+                                                                        "table")
+        if bad and bad.startswith(f"table {table} is shared"):
+            bad += " (tied embeddings)"
     if bad:
-        refuse(bad)
-        return
-    users = consumers[table]
-    if len(users) > 1:
-        names = node_names(model)
-        refuse(f"table {table} is shared with {', '.join(names[k] for k, _ in users if k != i)} "
-               "(tied embeddings)")
-        return
-    layers.append(Layer(name, "Gather", table, tuple(proto.dims), macs=0))
+        refused.append(Refusal(names[i], "Gather", bad))
+    else:
+        layers.append(Layer(names[i], "Gather", table, tuple(proto.dims), macs=0))
 
 
 def _weight_problem(consts: "ConstantTensors", weight: str, op_type: str) -> Optional[str]:

@@ -537,8 +537,7 @@ class _Walker:
 
     def const(self, name: str) -> Optional[np.ndarray]:
         if name and name in self.consts:
-            a = self.consts.array(name)
-            return a.astype(np.float32) if a.dtype.name in ("float16", "bfloat16") else a
+            return self.consts.floats(name)
         return None
 
     def get(self, name: str) -> _Stat:

@@ -444,7 +444,7 @@ def _synthetic_inputs(model: onnx.ModelProto, samples: int, seed: int) -> dict:
     """``samples`` inputs: floats standard normal; other inputs by the verification's rules
     (``verify.plan_inputs``: token ids uniform over the embedding table they index, masks of ones,
     segment ids 0), or :class:`SyntheticInputsUnavailable` when none fits."""
-    from ..verify import plan_inputs
+    from ..verify import UNKNOWN_INTEGERS, plan_inputs
 
     inits = {t.name for t in model.graph.initializer}
     shapes = static_shapes(model)
@@ -471,7 +471,7 @@ def _synthetic_inputs(model: onnx.ModelProto, samples: int, seed: int) -> dict:
         except Exception as err:  # noqa: BLE001 -- an input type verification does not know either
             raise SyntheticInputsUnavailable(str(err)) from err
         for p in plans:
-            if p.distribution == "uniform integers" and p.why.startswith("integers of unknown use"):
+            if p.why.startswith(UNKNOWN_INTEGERS):
                 raise SyntheticInputsUnavailable(f"input {p.name!r}: integers of unknown use (no embedding table "
                                                  "found to draw token ids from)")
             feeds[p.name] = p.draw(rng)
@@ -1288,7 +1288,7 @@ def rd_hash(model: onnx.ModelProto, budget: Optional[float] = 0.1, *, target_bit
             if f <= 0:  # left as it is
                 units.append(None)
                 values += int(np.unique(v.rows[grp]).size)
-                raw = RAW_BITS if dtype == onnx.TensorProto.FLOAT else 16  # float16 / bfloat16
+                raw = 8 * np_dtype(dtype).itemsize  # RAW_BITS for float32, 16 for float16 / bfloat16
                 ent += raw * v.rows[grp].size
                 fix += raw * v.rows[grp].size
                 continue

@@ -100,7 +100,7 @@ class HashPass:
                 self.progress(k, len(scan.layers), layer.node)
             t0 = time.perf_counter()
             proto = consts.proto(layer.weight)
-            w = consts.array(layer.weight).astype(np.float32)  # float16 / bfloat16: hashed in float32
+            w = consts.floats(layer.weight)  # float16 / bfloat16: hashed in float32
             method, res = self._hash(w)
             row = LayerHash(layer.node, layer.op_type, layer.weight, layer.weight_shape, layer.params, layer.macs,
                             method if res.reason is None else "unchanged", res.distinct_before,
@@ -234,11 +234,10 @@ def store_codebooks(result: HashPassResult, form: str = "standard") -> None:
     taken = {t.name for t in model.graph.initializer} | {o for n in model.graph.node for o in n.output}
     for w in todo:
         dtype = consts.proto(w).data_type
-        values = consts.array(w)
+        values = consts.floats(w)
         name = w
         if dtype != onnx.TensorProto.FLOAT:  # decoded in float32, then one Cast to its type (exact:
-            values = values.astype(np.float32)  # the hashed values are that type's numbers)
-            name = f"{w}__float32"
+            name = f"{w}__float32"            # the hashed values are that type's numbers)
             while name in taken:
                 name += "_"
             taken.add(name)

@@ -139,7 +139,7 @@ class SplitPass:
             if self.progress:
                 self.progress(k, len(conv_layers), layer.node)
             node = out.graph.node[index_of[layer.node]]
-            w = consts.array(layer.weight)
+            w = consts.floats(layer.weight)
             row, plan = self._plan(layer, node, w, shapes, consts, consumers, graph_outputs, out)
             rows.append(row)
             if plan is not None:
@@ -155,7 +155,6 @@ class SplitPass:
 
     def _plan(self, layer, node, w, shapes, consts, consumers, graph_outputs, model):
         dtype = consts.proto(layer.weight).data_type
-        w = np.asarray(w, np.float32)
         relaxed = relax_kernels(w, self.config.tolerance)
         w = relaxed.weight
         split = packing.pack(w)
