@@ -57,9 +57,10 @@ TARGETS = (0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6)
 SHARES = (0.1, 0.2, 0.3, 0.4, 0.5)
 OLD_ALPHAS = (0.0003, 0.001, 0.003)
 OURS8, OURS1 = "ours (redpp, multiples of 8)", "ours (redpp, any count)"
+NOFIT8, NOFIT1 = "ours without refit (multiples of 8)", "ours without refit (any count)"
 BLOCK, COUPLED = "ours, per-block α (multiples of 8)", "ours + residual-coupled groups (multiples of 8)"
 L1, NM, OLD = "L1 pruning", "Neuron-Merging-style", "old percentile rule"
-METHODS = (OURS8, OURS1, BLOCK, COUPLED, L1, NM, OLD)
+METHODS = (OURS8, OURS1, NOFIT8, NOFIT1, BLOCK, COUPLED, L1, NM, OLD)
 BLOCK_ALPHAS = (0.1, 0.2, 0.3, 0.4)
 COUPLED_TARGETS = (0.95, 0.9, 0.85, 0.8)
 SYNTHETIC_SAMPLES = 64
@@ -132,6 +133,8 @@ def plot(key, rows, ref_top1, bar, path: Path):
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(15, 5.5), gridspec_kw={"width_ratios": [1, 1.2]})
     styles = {OURS8: dict(color="black", lw=2.2, marker="o"), OURS1: dict(color="black", lw=1.2, ls="--", marker="s"),
+              NOFIT8: dict(color="tab:purple", lw=1.2, marker="o", ms=4),
+              NOFIT1: dict(color="tab:purple", lw=1, ls="--", marker="s", ms=4),
               BLOCK: dict(color="grey", lw=1.2, ls=":", marker="D"), COUPLED: dict(color="tab:green", lw=1, marker="*"),
               L1: dict(color="tab:blue", marker="v"), NM: dict(color="tab:orange", marker="^"),
               OLD: dict(color="tab:red", marker="x")}
@@ -164,7 +167,7 @@ def plot(key, rows, ref_top1, bar, path: Path):
     print(f"wrote {path}")
 
 
-def run_model(key, shared: Path, cache: Path, figures: Path) -> dict:
+def run_model(key, shared: Path, cache: Path, figures: Path, targets=TARGETS, variants: bool = True) -> dict:
     model_file, data_file, _, batch = MODELS[key]
     bar = BARS[key]
     t0 = time.perf_counter()
@@ -172,22 +175,27 @@ def run_model(key, shared: Path, cache: Path, figures: Path) -> dict:
     model = ev.model
     macs0, params0 = counts(model)
     drift = Drift(model)
+    t1 = time.perf_counter()
+    twin = R.refit_twin(model)  # one synthetic twin for every refit of this model (data-free)
+    twin_seconds = time.perf_counter() - t1
+    print(f"  synthetic twin: {twin.images} images, {twin_seconds:.1f} s", flush=True)
     rows = []
-    for label, multiple in ((OURS8, 8), (OURS1, 1)):
-        for f in TARGETS:
-            res = R.reduce_channels(model, R.ReduceConfig(target_macs=f, multiple=multiple))
+    for label, multiple, refit in ((OURS8, 8, True), (OURS1, 1, True), (NOFIT8, 8, False), (NOFIT1, 1, False)):
+        for f in targets:
+            res = R.reduce_channels(model, R.ReduceConfig(target_macs=f, multiple=multiple, refit=refit), twin=twin)
             shares = [{"layer": l.name, "before": l.channels_before, "after": l.channels_after,
                        "pruned": l.pruned, "merged": l.merged} for l in res.layers if l.channels_before]
             rows.append(point(label, f"F = {f:g}", res.model, ev, drift, macs0, params0, target_macs=f,
-                              predicted_cost=res.predicted_cost, layers=shares, seconds=res.seconds))
-    for a in BLOCK_ALPHAS:  # the other allocation: α^l by the per-block strategy, same rule per layer
-        res = R.reduce_channels(model, R.ReduceConfig(alpha=a))
+                              predicted_cost=res.predicted_cost, twin_drift=res.twin_drift, layers=shares,
+                              seconds=res.seconds))
+    for a in BLOCK_ALPHAS if variants else ():  # the other allocation: α^l by the per-block strategy, same rule per layer
+        res = R.reduce_channels(model, R.ReduceConfig(alpha=a), twin=twin)
         rows.append(point(BLOCK, f"α = {a:g}", res.model, ev, drift, macs0, params0, alpha=a,
-                          predicted_cost=res.predicted_cost, seconds=res.seconds))
-    for f in COUPLED_TARGETS:  # residual-coupled groups too (ReduceConfig.coupled, experimental)
-        res = R.reduce_channels(model, R.ReduceConfig(target_macs=f, coupled=True))
+                          predicted_cost=res.predicted_cost, twin_drift=res.twin_drift, seconds=res.seconds))
+    for f in COUPLED_TARGETS if variants else ():  # residual-coupled groups too (ReduceConfig.coupled, experimental)
+        res = R.reduce_channels(model, R.ReduceConfig(target_macs=f, coupled=True), twin=twin)
         rows.append(point(COUPLED, f"F = {f:g}", res.model, ev, drift, macs0, params0, target_macs=f,
-                          predicted_cost=res.predicted_cost, seconds=res.seconds))
+                          predicted_cost=res.predicted_cost, twin_drift=res.twin_drift, seconds=res.seconds))
     coupling = analyze_coupling(model)
     groups, _, reasons, macs_total = R.plan(model, R.ReduceConfig(alpha=0.0), coupling)
     for label, fn in ((L1, RB.l1_decisions), (NM, RB.neuron_merging_decisions)):
@@ -207,7 +215,10 @@ def run_model(key, shared: Path, cache: Path, figures: Path) -> dict:
              "groups": len(groups), "group_channels": int(sum(len(g.classes) for g in groups)),
              "rows": rows, "best_within_bar": best_within(rows, bar),
              "spearman": {"synthetic_drift": spearman(rows, "synthetic_drift"),
-                          "predicted_cost": spearman(rows, "predicted_cost")},
+                          "predicted_cost": spearman(rows, "predicted_cost"),
+                          "twin_drift": spearman(rows, "twin_drift")},
+             "twin_images": twin.images, "twin_seconds": twin_seconds, "targets": list(targets),
+             "variants": variants,
              "synthetic_samples": SYNTHETIC_SAMPLES, "seconds": time.perf_counter() - t0}
     for m, b in entry["best_within_bar"].items():
         print(f"  within {bar} points, {m}: {100 * b['macs_removed']:.1f} % of the MACs ({b['setting']}, "
@@ -223,17 +234,23 @@ def main(argv=None):
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--cache", default="/tmp/rd_cache", help="evaluation cache (shared with bench_rd.py)")
     ap.add_argument("--figures", default=str(ROOT / "docs" / "figures"))
+    ap.add_argument("--targets", default=",".join(f"{t:g}" for t in TARGETS),
+                    help="MAC targets F of ours (comma-separated)")
+    ap.add_argument("--no-variants", action="store_true",
+                    help="skip the per-block and residual-coupled variants of ours (each point refits)")
     args = ap.parse_args(argv)
+    targets = tuple(float(t) for t in args.targets.split(","))
     out_path = Path(args.out)
     data = {"models": {}}
     if out_path.exists():
         import json
 
         data = json.loads(out_path.read_text())
-    data.update(targets=list(TARGETS), shares=list(SHARES), old_alphas=list(OLD_ALPHAS))
+    data.update(targets=list(targets), shares=list(SHARES), old_alphas=list(OLD_ALPHAS))
     for key in args.models.split(","):
         print(f"{key}:", flush=True)
-        data["models"][key] = run_model(key, Path(args.shared), Path(args.cache), Path(args.figures))
+        data["models"][key] = run_model(key, Path(args.shared), Path(args.cache), Path(args.figures), targets,
+                                        not args.no_variants)
         write_json(out_path, data)
 
 

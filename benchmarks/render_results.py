@@ -524,8 +524,12 @@ def section_reduce(data) -> list[str]:
            "MatMul: the inner channels of residual blocks, expansion channels) with the same editor, no data, no "
            "fine-tuning: **ours** = `compress --target-macs F` (rule `redpp`: moment-walk statistics, pruning or "
            f"scale-matched merging with mean compensation, global cost-per-MAC order; F in "
-           f"{', '.join(f'{t:g}' for t in data.get('targets', []))}), kept channel counts multiples of 8 (the "
-           "default, for onnxruntime's Conv) and in any count; **L1 pruning** (the same share of every group, "
+           f"{', '.join(f'{t:g}' for t in data.get('targets', []))}; then the default **refit**: every Conv that "
+           "reads a reduced tensor is refitted by least squares, in graph order, to reproduce the original's output "
+           "of that Conv on a synthetic twin: natural-image noise through the model with every BatchNorm input "
+           "renormalized to its running moments, no data, `passes/refit.py`), kept channel counts multiples of 8 (the "
+           "default, for onnxruntime's Conv) and in any count, and the same without the refit (`--no-refit`: mean "
+           "compensation only); **L1 pruning** (the same share of every group, "
            "smallest filter L1 norms, no compensation); **Neuron-Merging-style** (the same selection, each removed "
            "filter merged into the most similar kept one, cosine with the BatchNorm-bias mismatch, λ = 0.85, "
            "threshold 0.1, scale from the norms and BatchNorm ratios, no mean compensation); the **old percentile "
@@ -552,15 +556,21 @@ def section_reduce(data) -> list[str]:
             out.append(f"| {meth} | {_pct(b['macs_removed'])} % | {b['setting']} | {_pct(row['params_removed'])} % | "
                        f"{_pct(b['top1'])} | {b['drop_points']:+.2f} |")
         out += ["", "Every point (synthetic drift: relative L2 of the logits on 64 standard-normal inputs, data-free; "
-                    "predicted cost: the rule's summed relative costs, ours only):", "",
+                    "predicted cost: the rule's summed relative costs, ours only; twin drift: relative L2 of the logits "
+                    "of the reduced twin against the twin on the refit's synthetic images, data-free, ours with the "
+                    "refit):", "",
                 "| method | setting | MACs removed % | params removed % | top-1 % | drop (points) | agreement % | "
-                "synthetic drift | predicted cost |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+                "synthetic drift | predicted cost | twin drift |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in m["rows"]:
             out.append(f"| {r['method']} | {r['setting']} | {_pct(r['macs_removed'])} | {_pct(r['params_removed'])} | "
                        f"{_pct(r['top1'])} | {100 * r['drop']:+.2f} | {_pct(r['agreement'])} | "
-                       f"{r['synthetic_drift']:.3f} | {_g(r.get('predicted_cost'), '{:.3f}')} |")
+                       f"{r['synthetic_drift']:.3f} | {_g(r.get('predicted_cost'), '{:.3f}')} | "
+                       f"{_g(r.get('twin_drift'), '{:.3f}')} |")
         sp = m.get("spearman", {})
-        for k, label in (("predicted_cost", "predicted cost (ours)"), ("synthetic_drift", "synthetic drift")):
+        if m.get("twin_images"):
+            out += ["", f"- Synthetic twin: {m['twin_images']} images, built in {m['twin_seconds']:.1f} s (once per model)."]
+        for k, label in (("predicted_cost", "predicted cost (ours)"), ("synthetic_drift", "synthetic drift"),
+                         ("twin_drift", "twin drift (ours with the refit)")):
             v = sp.get(k, {})
             if v:
                 out.append("")

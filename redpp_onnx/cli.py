@@ -96,8 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "their mean compensated, data-free (changes the function)")
     c.add_argument("--target-macs", type=float, metavar="F",
                    help="merge: keep at most the share F of the eligible MACs (e.g. 0.8), removing the channels "
-                        "whose predicted output cost per MAC saved is smallest, at most half of any layer's "
-                        "(data-free; changes the function; runs before hashing)")
+                        "whose predicted output cost per MAC saved is smallest, at most half of any layer's, "
+                        "then refits the Convs that read them on synthetic inputs (data-free; changes the "
+                        "function; runs before hashing)")
+    c.add_argument("--no-refit", action="store_true",
+                   help="with --target-macs / --alpha (rule redpp): keep the mean compensation only, do not refit "
+                        "the consumer Convs on the synthetic twin")
     c.add_argument("--merge-rule", choices=("redpp", "percentile"), default="redpp",
                    help="merge with --alpha > 0: redpp (default, above) or percentile (the old rule: channels "
                         "closer than the α-percentile of their distances become barycenters; for comparison)")
@@ -200,6 +204,7 @@ def _compress(args) -> int:
                         include_depthwise=args.include_depthwise, budget=args.budget, target_bits=args.target_bits,
                         effort=args.effort, workers=args.workers),
         merge=MergeConfig(alpha=args.alpha, strategy=args.merge_strategy, target_macs=args.target_macs,
+                          refit=not args.no_refit,
                           rule=args.merge_rule),
         calibrate=args.calibrate, max_drop=args.max_drop,
         split=SplitConfig(mode=args.split, portable=args.portable, tune=args.tune, tolerance=args.split_tolerance),

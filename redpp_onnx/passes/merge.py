@@ -91,6 +91,7 @@ class MergeConfig:
     rule: str = "redpp"         # α > 0: "redpp" (METHOD.md Step 2 revised: α^l = share of channels removed,
     #                             pruning / scale-matched merging with mean compensation, passes/reduce.py)
     #                             or "percentile" (the old rule: barycenters of close channels, for comparison)
+    refit: bool = True          # rule redpp: the consumer Convs refitted on a synthetic twin (passes/refit.py)
 
     @property
     def reduces(self) -> bool:
@@ -303,7 +304,13 @@ class MergePass:
         t0 = time.perf_counter()
         if self.progress:
             self.progress(0, 1, "channel statistics")
-        res = reduce_channels(model, ReduceConfig(alpha=c.alpha, strategy=c.strategy, target_macs=c.target_macs))
+        step = None
+        if self.progress:
+            def step(i, n):
+                self.progress(i, n, "refitting consumers")
+        res = reduce_channels(model, ReduceConfig(alpha=c.alpha, strategy=c.strategy, target_macs=c.target_macs,
+                                                  refit=c.refit), progress=step)
+        refits = {r.name: r for r in res.refit}
         before, after = scan_layers(model), {l.node: l for l in scan_layers(res.model).layers}
         info = {r.name: r for r in res.layers}
         layers = []
@@ -320,6 +327,10 @@ class MergePass:
                 row.pruned_out = r.pruned
                 row.predicted_cost = round(r.cost, 6)
                 row.reasons = list(r.reasons)
+            fit = refits.get(l.node)
+            if fit is not None:
+                row.reasons.append(f"refit: output error on the synthetic twin {fit.error_before:.3f} -> "
+                                   f"{fit.error_after:.3f}" if fit.refitted else f"not refitted: {fit.reason}")
             layers.append(row)
         init_before = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
         init_after = sum(int(np.prod(t.dims)) for t in res.model.graph.initializer)

@@ -79,6 +79,9 @@ class ReduceConfig:
     #                                    the group) or "bn" (variance after the consumers' BatchNorm, a_o²)
     coupled: bool = False              # EXPERIMENTAL: also residual-coupled groups (a channel from every
     #                                    producer at once, pruned); off: not yet shown to help the curve
+    refit: bool = True                 # the consumer Convs refitted by least squares on a synthetic twin
+    #                                    (passes/refit.py, data-free); False: mean compensation only
+    refit_images: Optional[int] = None # synthetic images for the refit (None: refit.images_needed's rule)
 
     def __post_init__(self):
         if not 0 <= float(self.alpha) <= 1:
@@ -128,6 +131,8 @@ class ReduceResult:
     predicted_cost: float              # sum over layers of the relative costs removed
     notes: List[str]
     seconds: float = 0.0
+    refit: list = dataclasses.field(default_factory=list)  # refit.RefitRow per consumer
+    twin_drift: Optional[float] = None  # predicted relative output drift on the synthetic twin (with refit)
 
     @property
     def macs_removed(self) -> float:
@@ -481,14 +486,59 @@ def _slopes(model: onnx.ModelProto, proxy: str) -> Dict[str, float]:
 
 # --------------------------------------------------------------------------- edits
 
-def reduce_channels(model: onnx.ModelProto, config: ReduceConfig) -> ReduceResult:
-    """Remove channels by :func:`plan` (``model`` is not changed)."""
+def reduce_channels(model: onnx.ModelProto, config: ReduceConfig, progress=None, twin=None) -> ReduceResult:
+    """Remove channels by :func:`plan`, then (``config.refit``) refit the consumers on a synthetic
+    twin (:mod:`redpp_onnx.passes.refit`; ``twin``: one made before for this model, e.g. by
+    :func:`refit_twin`); ``model`` is not changed."""
     t0 = time.perf_counter()
     coupling = analyze_coupling(model)
     groups, decisions, reasons, macs_total = plan(model, config, coupling)
     result = apply_plan(model, coupling, groups, decisions, reasons, macs_total, compensate=config.compensate)
+    if config.refit and any(decisions[k] for k in decisions):
+        from . import refit as RF
+
+        consumers = [c.node for k, gr in enumerate(groups) if decisions[k] for c, _, _ in gr.consumers]
+
+        def same_edit(twin: onnx.ModelProto) -> onnx.ModelProto:
+            return apply_plan(twin, *_regroup(twin, config, groups), decisions, reasons, macs_total,
+                              compensate=config.compensate).model
+
+        try:
+            rows, notes, drift = RF.refit(model, result.model, same_edit, consumers, twin,
+                                          images=config.refit_images, progress=progress)
+        except RF.RefitUnavailable as err:
+            rows, notes, drift = [], [f"refit skipped: {err} (mean compensation only)"], None
+        result.refit = rows
+        result.twin_drift = drift
+        result.notes.extend(notes)
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _groups_of(model: onnx.ModelProto, config: ReduceConfig) -> tuple:
+    """``(coupling, groups)``: the reducible channel groups of ``model`` (:func:`_analyse`)."""
+    coupling = analyze_coupling(model)
+    scan = scan_layers(model)
+    groups, _ = _analyse(model, coupling, ConstantTensors(model), {l.node: k for k, l in enumerate(scan.layers)},
+                         {l.node: l.macs or 0 for l in scan.layers}, config.coupled, config.scale == "bn")
+    return coupling, groups
+
+
+def refit_twin(model: onnx.ModelProto, config: ReduceConfig = ReduceConfig()):
+    """The synthetic twin the refit of any reduction of ``model`` can share (every group's consumers)."""
+    from . import refit as RF
+
+    _, groups = _groups_of(model, config)
+    return RF.make_twin(model, [c.node for gr in groups for c, _, _ in gr.consumers], config.refit_images)
+
+
+def _regroup(model: onnx.ModelProto, config: ReduceConfig, groups: List[_Group]) -> tuple:
+    """``(coupling, groups)`` of ``model`` (the twin: same graph, other BatchNorm statistics), the
+    groups in the same order as ``groups``, so that the same decisions apply to it."""
+    coupling, twin_groups = _groups_of(model, config)
+    if [(g.gid, g.bucket, g.classes) for g in twin_groups] != [(g.gid, g.bucket, g.classes) for g in groups]:
+        raise RuntimeError("the twin's channel groups differ from the model's")
+    return coupling, twin_groups
 
 
 def apply_plan(model: onnx.ModelProto, coupling, groups, decisions, reasons, macs_total, *,

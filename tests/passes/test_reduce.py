@@ -71,21 +71,22 @@ def _decisions(model, config):
 
 
 def test_pruning_a_constant_channel_is_exact_with_its_mean_compensated():
+    """The mean compensation alone (the refit, on by default, is tested in test_refit.py)."""
     model = _chain(constant=3)
-    res = R.reduce_channels(model, R.ReduceConfig(alpha=0.1, strategy="uniform", multiple=1))  # floor(0.8) = 0 channels
+    res = R.reduce_channels(model, R.ReduceConfig(alpha=0.1, strategy="uniform", multiple=1, refit=False))  # floor(0.8) = 0 channels
     assert res.macs_after == res.macs_before
-    res = R.reduce_channels(model, R.ReduceConfig(alpha=0.125, strategy="uniform", multiple=1))  # 1 of 8
+    res = R.reduce_channels(model, R.ReduceConfig(alpha=0.125, strategy="uniform", multiple=1, refit=False))  # 1 of 8
     row = next(r for r in res.layers if r.pruned + r.merged)
     assert (row.channels_before, row.channels_after, row.pruned) == (8, 7, 1) and row.cost == 0.0
     x = _x()
     assert _rel(_run(model, x), _run(res.model, x)) < 1e-6  # 1x1 consumer: exact
-    off = R.reduce_channels(model, R.ReduceConfig(alpha=0.125, strategy="uniform", compensate=False, multiple=1))
+    off = R.reduce_channels(model, R.ReduceConfig(alpha=0.125, strategy="uniform", compensate=False, multiple=1, refit=False))
     assert _rel(_run(model, x), _run(off.model, x)) > 1e-2  # without compensation its mean is lost
 
 
 def test_compensation_through_a_padded_consumer_is_exact_in_the_mean_over_positions():
     model = _chain(constant=5, k2=3)
-    res = R.reduce_channels(model, R.ReduceConfig(alpha=0.125, strategy="uniform", multiple=1))
+    res = R.reduce_channels(model, R.ReduceConfig(alpha=0.125, strategy="uniform", multiple=1, refit=False))
     assert sum(r.pruned for r in res.layers) == 1
     x = _x()
     a, b = _run(model, x), _run(res.model, x)
