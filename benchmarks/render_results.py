@@ -265,6 +265,27 @@ def section_latency(data) -> list[str]:
     return out + [""]
 
 
+def section_latency_reduce(data) -> list[str]:
+    rows = data.get("rows", [])
+    if not rows:
+        return []
+    out = ["## Speed of the channel-reduced outputs (issue 12, point 2)", "",
+           "Command: `python benchmarks/bench_latency.py --models cifar10_resnet56.onnx --target-macs 0.7 0.65 --out "
+           f"benchmarks/results/latency_reduce.json`; onnxruntime {data['meta']['onnxruntime']}, the output of "
+           "`compress --target-macs F` (reduction with the refit, then the default hashing and storage) against the "
+           f"original in the same process, median of {data['meta']['repeat']} pooled alternating runs, next to the "
+           "A/A control (the original against itself: the benchmark's own noise). Ratio = original / output time "
+           "(above 1: the output is faster).", "",
+           "| model | variant | batch | threads | original ms | output ms | speed-up (ratio of medians) | "
+           "speed-up (median paired) |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        paired = r.get("paired_ratio")
+        out.append(f"| {r['model']} | {r['variant']} | {r['batch']} | {r['threads']} | {r['original_ms']:.2f} | "
+                   f"{r['emitted_ms']:.2f} | {1 / r['ratio']:.3f}x | "
+                   f"{'-' if not paired else f'{1 / paired:.3f}x'} |")
+    return out + [""]
+
+
 def section_break_even(data) -> list[str]:
     out = ["## SplitConv vs Conv: break-even (issue 5)", "",
            f"Command: `python benchmarks/calibrate_split_cost.py` (batch 1, one thread, median of "
@@ -543,7 +564,11 @@ def section_reduce(data) -> list[str]:
         ref, bar = m["original_top1"], m["bar_points"]
         out += [f"### {name}", "",
                 f"Original top-1 {_pct(ref)} % (n = {m['n']}); bar: within {bar:g} points; {m['eligible_macs']:,} "
-                f"eligible MACs; {m['groups']} groups, {m['group_channels']:,} channels that may go.", "",
+                f"eligible MACs; {m['groups']} groups, {m['group_channels']:,} channels that may go."
+                + (f" This model's run: ours at F in {', '.join(f'{t:g}' for t in m['targets'])}"
+                   + ("" if m.get("variants", True) else ", without the per-block and residual-coupled variants")
+                   + " (each refit point costs minutes here)."
+                   if m.get("targets") and m["targets"] != data.get("targets") else ""), "",
                 "| method | most MACs removed within the bar | setting | params removed | top-1 % | drop (points) |",
                 "|---|---:|---|---:|---:|---:|"]
         best = m.get("best_within_bar", {})
@@ -700,7 +725,8 @@ def main(argv=None):
                          ("transformer.json", section_transformer), ("scale.json", section_scale),
                          ("merge.json", section_merge), ("reduce.json", section_reduce),
                          ("ablation.json", section_ablation), ("relaxed.json", section_relaxed),
-                         ("latency.json", section_latency), ("split_cost.json", section_break_even),
+                         ("latency.json", section_latency), ("latency_reduce.json", section_latency_reduce),
+                         ("split_cost.json", section_break_even),
                          ("split_conv_threads.json", section_threads)):
         data = _load(results, name)
         if data is not None:
