@@ -75,6 +75,20 @@ class LayerScan:
     refused: tuple[Refusal, ...]
 
 
+_EXTERNAL_BASE: list = []  # folders of the models whose external data is read on demand (streaming)
+
+
+@contextlib.contextmanager
+def external_data_in(folder):
+    """Within the block, constants stored outside the model (not loaded) are read from ``folder``
+    when a pass asks for their values, one at a time (``redpp_onnx/stream.py``)."""
+    _EXTERNAL_BASE.append(str(folder))
+    try:
+        yield
+    finally:
+        _EXTERNAL_BASE.pop()
+
+
 class ConstantTensors:
     """The model's constant tensors: initializers and ``Constant`` node values, by name."""
 
@@ -98,6 +112,10 @@ class ConstantTensors:
         proto = self.proto(name)
         if proto is None:
             raise KeyError(f"{name!r} is not a constant of the model (an initializer or a Constant node)")
+        if _EXTERNAL_BASE and proto.data_location == onnx.TensorProto.EXTERNAL:
+            from ..io import read_external
+
+            return read_external(proto, _EXTERNAL_BASE[-1])  # read, never attached to the proto
         return numpy_helper.to_array(proto)
 
     def floats(self, name: str) -> np.ndarray:
