@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import tempfile
 import time
@@ -51,6 +52,9 @@ if __name__ == "__main__":
     print(json.dumps({"exit": code, "wall_s": time.perf_counter() - t, "peak_kb": int(%s),
                       "worker_peak_kb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))
 """ % PEAK_RSS_KB_EXPR
+
+
+SEQ = 128
 
 
 def weights(shape, sigma: float, rng: np.random.Generator) -> np.ndarray:
@@ -148,6 +152,33 @@ def build_gpt(path: Path, *, layers: int = 18, dim: int = 2048, heads: int = 16,
     return {"params": params[0], "file_bytes": path.stat().st_size + data_path.stat().st_size}
 
 
+CHECK = r"""
+import json, re, sys
+import numpy as np, onnxruntime as ort
+ids = np.random.default_rng(1).integers(0, int(sys.argv[3]), (1, int(sys.argv[4])))
+so = ort.SessionOptions()
+so.intra_op_num_threads = 2
+ys = []
+for p in sys.argv[1:3]:
+    ys.append(ort.InferenceSession(p, so).run(None, {"ids": ids})[0].astype(np.float64)[0])
+a, b = ys
+cos = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+print(json.dumps({"rel_l2": float(np.linalg.norm(a - b) / np.linalg.norm(a)), "cosine_min": float(cos.min()),
+                  "top1_agreement": float((a.argmax(-1) == b.argmax(-1)).mean()), "positions": int(a.shape[0]),
+                  "peak_kb": int(%s)}))
+""" % PEAK_RSS_KB_EXPR
+
+
+def whole_model_check(src: Path, out: Path, vocab: int, seq: int) -> dict:
+    """What the command cannot afford for this model, done here: both models in onnxruntime on one
+    sequence of seeded token ids, logits compared (relative L2, cosine per position, top-1 agreement)."""
+    seconds, proc = run_python(CHECK, [src, out, vocab, seq])
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res["wall_s"] = seconds
+    res["peak_rss_mib"] = res.pop("peak_kb") / 1024
+    return res
+
+
 def sha256(paths) -> str:
     h = hashlib.sha256()
     for p in paths:
@@ -158,9 +189,13 @@ def sha256(paths) -> str:
 
 
 def run_cli(args) -> dict:
+    """The command in a fresh process; with the machine's 1-minute load average before and after (the
+    machine is shared: a load above its cores means the wall times are inflated)."""
+    load = os.getloadavg()[0]
     seconds, proc = run_python(CHILD, args)
     res = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {"wall_s": seconds, "peak_rss_mib": res["peak_kb"] / 1024, "worker_peak_rss_mib": res["worker_peak_kb"] / 1024}
+    return {"wall_s": seconds, "peak_rss_mib": res["peak_kb"] / 1024, "worker_peak_rss_mib": res["worker_peak_kb"] / 1024,
+            "load_before": load, "load_after": os.getloadavg()[0]}
 
 
 def scale_rows(tmp: Path, runs: int) -> dict:
@@ -210,7 +245,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         src = Path(tmp) / "gpt.onnx"
         t = time.perf_counter()
-        info = build_gpt(src, layers=args.layers, dim=args.dim, heads=args.heads, vocab=args.vocab)
+        info = build_gpt(src, layers=args.layers, dim=args.dim, heads=args.heads, vocab=args.vocab, seq=SEQ)
         info["build_s"] = time.perf_counter() - t
         print(f"GPT-style decoder: {info['params']:,} parameters (float16), {info['file_bytes']:,} bytes "
               f"(built in {info['build_s']:.0f} s)", flush=True)
@@ -241,15 +276,19 @@ def main(argv=None):
                 "max_weight_rel_error": max(l["rel_error"] for l in report["layers"] if l.get("eligible", True)),
                 "hash_seconds_sum": sum(l.get("seconds", 0.0) for l in report["layers"] if l.get("eligible", True)),
                 "notes": report["notes"]})
-            out.unlink()
-            Path(str(out) + ".data").unlink()
         identical = digests[1] == digests[2]
         print(f"output identical with 1 and 2 workers: {identical}", flush=True)
+        check = whole_model_check(src, out, args.vocab, SEQ)
+        print(f"whole model in onnxruntime (outside the command): logits relative L2 {check['rel_l2']:.4f}, cosine "
+              f"min {check['cosine_min']:.5f}, top-1 agreement {check['top1_agreement']:.3f}", flush=True)
+        out.unlink()
+        Path(str(out) + ".data").unlink()
         src.unlink()
         Path(str(src) + ".data").unlink()
         scale = scale_rows(Path(tmp), args.scale_runs) if args.scale_runs else None
     write_json(args.out, {"model": {"layers": args.layers, "dim": args.dim, "heads": args.heads, "vocab": args.vocab,
-                                    **info}, "rows": rows, "identical_1_2_workers": identical, "scale": scale,
+                                    "seq": SEQ, **info},
+                          "rows": rows, "identical_1_2_workers": identical, "whole_model_check": check, "scale": scale,
                           "machine": {"cores": available_cores(), "memory_bytes": available_memory()}})
 
 

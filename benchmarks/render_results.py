@@ -5,7 +5,7 @@
 Sections appear for the result files that exist: hashing.json (results_hashing.py),
 theory.json (bench_theory.py), hashing_speed.json (bench_hashing.py), codebook.json (bench_codebook.py), scale.json (bench_scale.py),
 split_conv_threads.json (bench_split_conv_threads.py), eval_shared.json (eval_shared.py),
-rd.json (bench_rd.py).
+rd.json (bench_rd.py), large.json (bench_large.py).
 """
 
 from __future__ import annotations
@@ -659,6 +659,55 @@ def section_scale(data) -> list[str]:
     return out + [""]
 
 
+def section_large(data) -> list[str]:
+    m, rows = data["model"], data.get("rows", [])
+    if not rows:
+        return []
+    gib = lambda b: f"{b / 1e9:.2f} GB"  # noqa: E731
+    out = ["## Models larger than memory: a 1 B-parameter float16 decoder, streamed", "",
+           "Command: `python benchmarks/bench_large.py`. A GPT-style decoder built with onnx.helper straight into "
+           f"external data ({m['layers']} layers, width {m['dim']}, {m['heads']} heads, {m['vocab']:,}-token table, "
+           f"untied LM head; {m['params']:,} float16 parameters, {gib(m['file_bytes'])}; seeded Laplace/normal "
+           "weights with outliers and per-layer spreads, not trained). The whole `redpp-onnx compress` (default "
+           "options, `--workers N`) in a fresh process: its wall time and peak RSS, and its largest worker's; "
+           "the output's bytes and SHA-256 (model file + external data). The size rule sends it to the streaming "
+           "path by itself: " + f"\"{rows[0]['stream_reason']}\".", "",
+           "| workers | runs | wall s (median) | peak MiB (command) | peak MiB (largest worker) | output bytes | "
+           "max weight rel. error | max layer output rel. L2 | SHA-256 |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        lw = r["verify"].get("layerwise", {})
+        out.append(f"| {r['workers']} | {len(r['runs'])} | {r['wall_s_median']:.1f} | {r['peak_rss_mib_max']:.0f} | "
+                   f"{r['worker_peak_rss_mib_max']:.0f} | {r['output_bytes']:,} | {r['max_weight_rel_error']:.4f} | "
+                   f"{_g(lw.get('max_output_rel_l2'), '{:.4f}')} | `{r['sha256'][:16]}…` |")
+    out += ["", f"Identical output with 1 and 2 workers: **{'yes' if data['identical_1_2_workers'] else 'no'}**. "
+                f"Distinct weight values {rows[0]['distinct_values_before']:,} → {rows[0]['distinct_values_after']:,} "
+                f"({rows[0]['changed_layers']} of {rows[0]['eligible_layers']} layers hashed); the file keeps its "
+                "size: the streaming path writes hashed weights plainly in their own type (codebook storage holds "
+                "every layer's codes in memory), so what it gives a model of this size is the hashing, not yet a "
+                "smaller file."]
+    chk = data.get("whole_model_check")
+    if chk:
+        out += ["", "The command checks such a model layer by layer only (it cannot afford two sessions of it at "
+                    "its memory limit); the script then ran both models in onnxruntime on "
+                    f"{chk['positions']} positions of seeded token ids: logits relative L2 {chk['rel_l2']:.4f}, "
+                    f"cosine min {chk['cosine_min']:.5f}, top-1 agreement {100 * chk['top1_agreement']:.1f} % "
+                    f"({chk['peak_rss_mib']:.0f} MiB, {chk['wall_s']:.0f} s). The weights are random: what this "
+                    "does to a trained model's quality is not measured here."]
+    sc = data.get("scale")
+    if sc:
+        out += ["", f"Hashing speed, the ResNet-50-sized graph of `bench_scale.py` ({sc['params']:,} float32 "
+                    f"parameters, {sc['rows'][0]['eligible_params']:,} eligible, external data) through `--stream` "
+                    "(the per-layer rule, no model run), whole command in a fresh process, medians of "
+                    f"{len(sc['rows'][0]['runs'])} runs:", "",
+                "| workers | wall s | hashing and writing s (report) | peak MiB (command) |", "|---:|---:|---:|---:|"]
+        for r in sc["rows"]:
+            out.append(f"| {r['workers']} | {r['wall_s_median']:.1f} | {r['stream_s_median']:.1f} | "
+                       f"{r['peak_rss_mib_max']:.0f} |")
+        out += ["", f"Identical output with 1 and 2 workers: **{'yes' if sc['identical_1_2_workers'] else 'no'}**."]
+    return out + [""]
+
+
 def section_threads(data) -> list[str]:
     out = ["## SplitConv kernel: threads and onnxruntime's Conv (issue 2)", "",
            f"Command: `python benchmarks/bench_split_conv_threads.py`; medians of {data['meta']['repeat']} runs, "
@@ -688,7 +737,7 @@ def main(argv=None):
                          ("hashing_speed.json", section_speed), ("codebook.json", section_codebook),
                          ("rd.json", section_rd), ("workers.json", section_workers),
                          ("transformer.json", section_transformer), ("scale.json", section_scale),
-                         ("merge.json", section_merge), ("reduce.json", section_reduce),
+                         ("large.json", section_large), ("merge.json", section_merge), ("reduce.json", section_reduce),
                          ("ablation.json", section_ablation), ("relaxed.json", section_relaxed),
                          ("latency.json", section_latency), ("split_cost.json", section_break_even),
                          ("split_conv_threads.json", section_threads)):

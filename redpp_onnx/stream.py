@@ -54,6 +54,8 @@ ALIGN = 64
 """Each tensor of the output's external data starts at a multiple of this many bytes."""
 CHECK_ROWS = 8
 """Seeded N(0, 1) input rows of the layer-wise check (64 rows of a table)."""
+CHECK_BLOCK = 1 << 22
+"""Weights per block of the layer-wise check (16 MB of float32)."""
 COPY_CHUNK = 1 << 24
 
 
@@ -154,22 +156,31 @@ def hash_array(w: np.ndarray, data_type: int, options: dict) -> Tuple[np.ndarray
 def layer_check(w: np.ndarray, hashed: np.ndarray, layer: dict, seed: int) -> Optional[float]:
     """Relative L2 error of the layer's output with ``hashed`` instead of ``w`` on seeded inputs:
     ``CHECK_ROWS`` N(0, 1) rows through a MatMul / Gemm / Conv (a Conv as the matrix of its
-    unfolded patches), 64 random rows of a table (Gather). None for an all-zero output."""
+    unfolded patches), 64 random rows of a table (Gather). Computed in float32 over blocks of
+    ``CHECK_BLOCK`` weights (the check adds little to the tensor's own memory). None for an
+    all-zero output."""
     rng = np.random.default_rng(seed)
-    op = layer["op_type"]
-    if op == "Gather":
+    if layer["op_type"] == "Gather":
         rows = rng.integers(0, w.shape[0], 64)
         ref = w[rows].astype(np.float32)
         diff = hashed[rows].astype(np.float32) - ref
     else:
-        m = w.reshape(w.shape[0], -1).astype(np.float32)  # Conv [C_out, ...], Gemm transB [out, in]
-        d = hashed.reshape(m.shape).astype(np.float32) - m
-        if op == "MatMul" or (op == "Gemm" and not layer.get("trans_b")):  # [in, out]
-            x = rng.standard_normal((CHECK_ROWS, m.shape[0]), dtype=np.float32)
-            ref, diff = x @ m, x @ d
-        else:
-            x = rng.standard_normal((CHECK_ROWS, m.shape[1]), dtype=np.float32)
-            ref, diff = x @ m.T, x @ d.T
+        m = w.reshape(w.shape[0], -1)  # Conv [C_out, ...], Gemm transB [out, in]; MatMul, Gemm [in, out]
+        h = hashed.reshape(m.shape)
+        rows_in = layer["op_type"] == "MatMul" or (layer["op_type"] == "Gemm" and not layer.get("trans_b"))
+        x = rng.standard_normal((CHECK_ROWS, m.shape[0] if rows_in else m.shape[1]), dtype=np.float32)
+        out = m.shape[1] if rows_in else m.shape[0]
+        ref, diff = np.zeros((CHECK_ROWS, out), np.float32), np.zeros((CHECK_ROWS, out), np.float32)
+        step = max(1, CHECK_BLOCK // max(m.shape[1], 1))
+        for i in range(0, m.shape[0], step):
+            a = m[i:i + step].astype(np.float32)
+            d = h[i:i + step].astype(np.float32) - a
+            if rows_in:  # y = x @ W: the blocks of W's rows add up
+                ref += x[:, i:i + step] @ a
+                diff += x[:, i:i + step] @ d
+            else:  # y = x @ W.T: each block of W's rows gives its outputs
+                ref[:, i:i + step] = x @ a.T
+                diff[:, i:i + step] = x @ d.T
     norm = float(np.linalg.norm(ref))
     return float(np.linalg.norm(diff)) / norm if norm > 0 else None
 

@@ -153,3 +153,19 @@ def test_hash_array_matches_hash_tensor(dtype):
     np.testing.assert_array_equal(hashed.astype(np.float32), representable(ref.hashed, dtype))
     assert stats["distinct_before"] == ref.distinct_before
     assert stats["rel_error"] == pytest.approx(ref.rel_error, rel=1e-9)
+
+
+@pytest.mark.parametrize("op,trans_b,shape", [("MatMul", False, (3000, 1500)), ("Gemm", True, (1500, 3000)),
+                                             ("Conv", False, (64, 32, 3, 3))])
+def test_layer_check_in_blocks_is_the_layer_output_error(op, trans_b, shape, monkeypatch):
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal(shape).astype(np.float32)
+    h = w + 0.01 * rng.standard_normal(shape).astype(np.float32)
+    monkeypatch.setattr(stream, "CHECK_BLOCK", 1 << 16)  # many blocks
+    got = stream.layer_check(w, h, {"op_type": op, "trans_b": trans_b}, 1)
+    m = w.reshape(shape[0], -1)
+    d = h.reshape(m.shape) - m
+    x = np.random.default_rng(1).standard_normal((stream.CHECK_ROWS, m.shape[0] if op == "MatMul" else m.shape[1]),
+                                                 dtype=np.float32)
+    ref, diff = (x @ m, x @ d) if op == "MatMul" else (x @ m.T, x @ d.T)
+    assert got == pytest.approx(np.linalg.norm(diff) / np.linalg.norm(ref), rel=1e-5)
