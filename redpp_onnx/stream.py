@@ -54,6 +54,9 @@ ALIGN = 64
 """Each tensor of the output's external data starts at a multiple of this many bytes."""
 CHECK_ROWS = 8
 """Seeded N(0, 1) input rows of the layer-wise check (64 rows of a table)."""
+INDEX_BLOCK = 1 << 22
+"""float16 / bfloat16 weights per block of the histogram and of the table lookup (numpy widens the
+16-bit patterns to int64 indices: 32 MB a block instead of 8 bytes a weight)."""
 CHECK_BLOCK = 1 << 22
 """Weights per block of the layer-wise check (16 MB of float32)."""
 COPY_CHUNK = 1 << 24
@@ -127,7 +130,9 @@ def hash_array(w: np.ndarray, data_type: int, options: dict) -> Tuple[np.ndarray
         v32, inv, counts = np.unique(w32.ravel(), return_inverse=True, return_counts=True)
     else:  # 16-bit patterns: a histogram, not a sort
         bits = np.ascontiguousarray(w).view(np.uint16).ravel()
-        hist = np.bincount(bits, minlength=1 << 16)
+        hist = np.zeros(1 << 16, np.int64)
+        for i in range(0, bits.size, INDEX_BLOCK):  # numpy widens indices to int64: in blocks
+            hist += np.bincount(bits[i:i + INDEX_BLOCK], minlength=1 << 16)
         present = np.flatnonzero(hist)
         v32, inv_present = np.unique(_half_floats(present.astype(np.uint16), data_type), return_inverse=True)
         counts = np.bincount(inv_present, weights=hist[present]).astype(np.int64)
@@ -150,7 +155,10 @@ def hash_array(w: np.ndarray, data_type: int, options: dict) -> Tuple[np.ndarray
         return found.values[inv].reshape(w.shape), stats
     lut = np.arange(1 << 16, dtype=np.uint16)
     lut[present] = _half_bits(found.values[inv_present], data_type)
-    return lut[bits].view(w.dtype).reshape(w.shape), stats
+    out = np.empty_like(bits)
+    for i in range(0, bits.size, INDEX_BLOCK):
+        np.take(lut, bits[i:i + INDEX_BLOCK], out=out[i:i + INDEX_BLOCK])
+    return out.view(w.dtype).reshape(w.shape), stats
 
 
 def layer_check(w: np.ndarray, hashed: np.ndarray, layer: dict, seed: int) -> Optional[float]:
