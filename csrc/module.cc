@@ -574,6 +574,36 @@ py::array_t<double> KdeMoments(const py::array_t<int64_t, py::array::c_style>& n
   return out;
 }
 
+// 16-bit weights (float16 / bfloat16) of the streaming path (redpp_onnx/stream.py): the histogram
+// of their bit patterns and a table lookup, without numpy's widening of the patterns to int64.
+py::array_t<int64_t> Histogram16(const py::array_t<uint16_t, py::array::c_style>& bits) {
+  py::array_t<int64_t> hist(int64_t(1) << 16);
+  int64_t* h = hist.mutable_data();
+  std::fill(h, h + (int64_t(1) << 16), int64_t(0));
+  const uint16_t* b = bits.data();
+  const int64_t n = bits.size();
+  {
+    py::gil_scoped_release release;
+    for (int64_t i = 0; i < n; ++i) ++h[b[i]];
+  }
+  return hist;
+}
+
+py::array_t<uint16_t> Lookup16(const py::array_t<uint16_t, py::array::c_style>& table,
+                               const py::array_t<uint16_t, py::array::c_style>& bits) {
+  if (table.size() != (int64_t(1) << 16)) throw py::value_error("lookup16: the table needs 65536 entries");
+  const int64_t n = bits.size();
+  py::array_t<uint16_t> out(n);
+  const uint16_t* t = table.data();
+  const uint16_t* b = bits.data();
+  uint16_t* o = out.mutable_data();
+  {
+    py::gil_scoped_release release;
+    for (int64_t i = 0; i < n; ++i) o[i] = t[b[i]];
+  }
+  return out;
+}
+
 PYBIND11_MODULE(_core, m) {
   m.doc() = "redpp-onnx C++ core (SplitConv compute, build information)";
   m.def("build_info", [] {
@@ -640,6 +670,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("kde_moments", &KdeMoments, py::arg("nearest"), py::arg("delta"), py::arg("counts"), py::arg("i0"),
         py::arg("i1"), py::arg("a"), py::arg("n_bins"), py::arg("order"),
         "Binned Taylor moments (order + 1, n_bins) of values i0..i1: B[m, nearest - a] += counts * delta^m.");
+  m.def("histogram16", &Histogram16, py::arg("bits"), "Counts (int64, 65536) of each 16-bit pattern in bits (uint16).");
+  m.def("lookup16", &Lookup16, py::arg("table"), py::arg("bits"), "table[bits] for uint16 bits and a 65536-entry table.");
   m.def("checksum", &Checksum, py::arg("values"),
         "redpp_onnx.passes.codebook.checksum of a C-contiguous float32 array, in C++.");
 }

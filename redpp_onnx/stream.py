@@ -39,7 +39,7 @@ import onnx
 from onnx import numpy_helper
 
 from . import __version__, io, validate
-from .analysis.layers import external_data_in, np_dtype, representable, scan_layers
+from .analysis.layers import external_data_in, nonfinite_reason, np_dtype, representable, scan_layers
 from .errors import RedppError
 from .hashing.kde import hash_distinct
 from .hashing.workers import imap_ordered
@@ -57,6 +57,8 @@ CHECK_ROWS = 8
 INDEX_BLOCK = 1 << 22
 """float16 / bfloat16 weights per block of the histogram and of the table lookup (numpy widens the
 16-bit patterns to int64 indices: 32 MB a block instead of 8 bytes a weight)."""
+CHECK_OUTPUTS = 1024
+"""Outputs of a layer the layer-wise check computes (a seeded sample when the layer has more)."""
 CHECK_BLOCK = 1 << 22
 """Weights per block of the layer-wise check (16 MB of float32)."""
 COPY_CHUNK = 1 << 24
@@ -130,14 +132,16 @@ def hash_array(w: np.ndarray, data_type: int, options: dict) -> Tuple[np.ndarray
         v32, inv, counts = np.unique(w32.ravel(), return_inverse=True, return_counts=True)
     else:  # 16-bit patterns: a histogram, not a sort
         bits = np.ascontiguousarray(w).view(np.uint16).ravel()
-        hist = np.zeros(1 << 16, np.int64)
-        for i in range(0, bits.size, INDEX_BLOCK):  # numpy widens indices to int64: in blocks
-            hist += np.bincount(bits[i:i + INDEX_BLOCK], minlength=1 << 16)
+        hist = _histogram16(bits)
         present = np.flatnonzero(hist)
         v32, inv_present = np.unique(_half_floats(present.astype(np.uint16), data_type), return_inverse=True)
         counts = np.bincount(inv_present, weights=hist[present]).astype(np.int64)
-    found = hash_distinct(v32, counts, **options) if w.size else None
     stats = {"distinct_before": int(len(v32)), "distinct_after": int(len(v32)), "rel_error": 0.0}
+    finite = np.isfinite(v32)
+    if not finite.all():  # the in-memory path refuses such a layer with this reason (analysis/layers.py)
+        stats.update(method="unchanged", reason=nonfinite_reason(int(counts[~finite].sum())))
+        return w, stats
+    found = hash_distinct(v32, counts, **options) if w.size else None
     if found is None or found.reason is not None:
         stats.update(method="unchanged", reason=found.reason if found else "empty tensor")
         return w, stats
@@ -155,16 +159,45 @@ def hash_array(w: np.ndarray, data_type: int, options: dict) -> Tuple[np.ndarray
         return found.values[inv].reshape(w.shape), stats
     lut = np.arange(1 << 16, dtype=np.uint16)
     lut[present] = _half_bits(found.values[inv_present], data_type)
+    return _lookup16(lut, bits).view(w.dtype).reshape(w.shape), stats
+
+
+def _core16():
+    try:
+        from . import _core
+    except ImportError:  # pragma: no cover - the package is built with it
+        return None
+    return _core if hasattr(_core, "lookup16") else None
+
+
+def _histogram16(bits: np.ndarray) -> np.ndarray:
+    """Counts of each 16-bit pattern (int64, 65536): in C++, else numpy in blocks (numpy widens the
+    patterns to int64 indices)."""
+    core = _core16()
+    if core is not None:
+        return core.histogram16(bits)
+    hist = np.zeros(1 << 16, np.int64)
+    for i in range(0, bits.size, INDEX_BLOCK):
+        hist += np.bincount(bits[i:i + INDEX_BLOCK], minlength=1 << 16)
+    return hist
+
+
+def _lookup16(lut: np.ndarray, bits: np.ndarray) -> np.ndarray:
+    """``lut[bits]`` for uint16 patterns (C++, else numpy in blocks)."""
+    core = _core16()
+    if core is not None:
+        return core.lookup16(lut, bits)
     out = np.empty_like(bits)
     for i in range(0, bits.size, INDEX_BLOCK):
         np.take(lut, bits[i:i + INDEX_BLOCK], out=out[i:i + INDEX_BLOCK])
-    return out.view(w.dtype).reshape(w.shape), stats
+    return out
 
 
 def layer_check(w: np.ndarray, hashed: np.ndarray, layer: dict, seed: int) -> Optional[float]:
     """Relative L2 error of the layer's output with ``hashed`` instead of ``w`` on seeded inputs:
     ``CHECK_ROWS`` N(0, 1) rows through a MatMul / Gemm / Conv (a Conv as the matrix of its
-    unfolded patches), 64 random rows of a table (Gather). Computed in float32 over blocks of
+    unfolded patches; a seeded window of ``CHECK_OUTPUTS`` consecutive outputs when it has more), 64
+    random rows of a table (Gather). Computed in float32 over blocks of
     ``CHECK_BLOCK`` weights (the check adds little to the tensor's own memory). None for an
     all-zero output."""
     rng = np.random.default_rng(seed)
@@ -176,6 +209,11 @@ def layer_check(w: np.ndarray, hashed: np.ndarray, layer: dict, seed: int) -> Op
         m = w.reshape(w.shape[0], -1)  # Conv [C_out, ...], Gemm transB [out, in]; MatMul, Gemm [in, out]
         h = hashed.reshape(m.shape)
         rows_in = layer["op_type"] == "MatMul" or (layer["op_type"] == "Gemm" and not layer.get("trans_b"))
+        outputs = m.shape[1] if rows_in else m.shape[0]
+        if outputs > CHECK_OUTPUTS:  # a seeded window of consecutive outputs (contiguous reads)
+            keep = slice(int(rng.integers(0, outputs - CHECK_OUTPUTS + 1)), None)
+            keep = slice(keep.start, keep.start + CHECK_OUTPUTS)
+            m, h = (m[:, keep], h[:, keep]) if rows_in else (m[keep], h[keep])
         x = rng.standard_normal((CHECK_ROWS, m.shape[0] if rows_in else m.shape[1]), dtype=np.float32)
         out = m.shape[1] if rows_in else m.shape[0]
         ref, diff = np.zeros((CHECK_ROWS, out), np.float32), np.zeros((CHECK_ROWS, out), np.float32)
@@ -193,8 +231,10 @@ def layer_check(w: np.ndarray, hashed: np.ndarray, layer: dict, seed: int) -> Op
     return float(np.linalg.norm(diff)) / norm if norm > 0 else None
 
 
-def _task(task: dict) -> Tuple[np.ndarray, dict]:
-    """One eligible weight: read, hashed, checked (runs in a worker process or in the caller)."""
+def _task(task: dict) -> Tuple[Optional[np.ndarray], dict]:
+    """One eligible weight: read, hashed, checked, and written to its place in the output's external
+    data (``task["target"]``: path, offset) when it has one, else returned (runs in a worker
+    process or in the caller; only the statistics travel back)."""
     t0 = time.perf_counter()
     w = task["array"]
     if w is None:
@@ -202,8 +242,12 @@ def _task(task: dict) -> Tuple[np.ndarray, dict]:
     hashed, stats = hash_array(w, task["data_type"], task["options"])
     stats["output_rel_l2"] = layer_check(w, hashed, task["layer"], task["seed"]) if stats["method"] != "unchanged" \
         else 0.0
+    hashed = np.ascontiguousarray(hashed)
+    if task["target"] is not None:
+        _write_at(task["target"][0], task["target"][1], hashed)
+        hashed = None
     stats["seconds"] = time.perf_counter() - t0
-    return np.ascontiguousarray(hashed), stats
+    return hashed, stats
 
 
 # --------------------------------------------------------------------------- the model
@@ -243,46 +287,42 @@ def _set_external(t: onnx.TensorProto, location: str, offset: int, length: int) 
         t.external_data.add(key=k, value=v)
 
 
-class _DataWriter:
-    """The output's external data file, written in order (each tensor aligned to ``ALIGN``)."""
+def _write_at(path, offset: int, a: np.ndarray) -> None:
+    """``a``'s bytes (little-endian) at ``offset`` of the existing file ``path``."""
+    data = np.ascontiguousarray(a)
+    if data.dtype.byteorder == ">":
+        data = data.byteswap()
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        data.tofile(f)
 
-    def __init__(self, path: Path):
-        self.path = path
-        self.f = open(path, "wb")
-        self.pos = 0
 
-    def _start(self) -> int:
-        pad = -self.pos % ALIGN
-        if pad:
-            self.f.write(b"\0" * pad)
-            self.pos += pad
-        return self.pos
+def _copy_at(path: Path, offset: int, source: Path, source_offset: int, length: int, name: str) -> None:
+    """``length`` bytes of ``source`` from ``source_offset`` to ``offset`` of the existing file ``path``."""
+    with open(source, "rb") as src, open(path, "r+b") as dst:
+        src.seek(source_offset)
+        dst.seek(offset)
+        left = length
+        while left:
+            chunk = src.read(min(COPY_CHUNK, left))
+            if not chunk:
+                raise RedppError(f"{source}: the external data of {name} is truncated")
+            dst.write(chunk)
+            left -= len(chunk)
 
-    def array(self, t: onnx.TensorProto, a: np.ndarray) -> None:
-        start = self._start()
-        data = np.ascontiguousarray(a)
-        if data.dtype.byteorder == ">":
-            data = data.byteswap()
-        data.tofile(self.f)
-        self.pos += data.nbytes
-        _set_external(t, self.path.name, start, data.nbytes)
 
-    def copy(self, t: onnx.TensorProto, source: Path, offset: int, length: int) -> None:
-        start = self._start()
-        with open(source, "rb") as src:
-            src.seek(offset)
-            left = length
-            while left:
-                chunk = src.read(min(COPY_CHUNK, left))
-                if not chunk:
-                    raise RedppError(f"{source}: the external data of {t.name} is truncated")
-                self.f.write(chunk)
-                left -= len(chunk)
-        self.pos += length
-        _set_external(t, self.path.name, start, length)
-
-    def close(self) -> None:
-        self.f.close()
+def _layout(inits) -> Tuple[dict, int]:
+    """``(offsets, size)``: where each initializer of at least ``INLINE_BYTES`` goes in the output's
+    external data (in model order, each aligned to ``ALIGN``), and the file's size. Known before
+    any tensor is hashed: workers write their tensors in place, in any order, same bytes."""
+    offsets, pos = {}, 0
+    for t in inits:
+        if t.data_type == onnx.TensorProto.STRING or _size(t) < INLINE_BYTES:
+            continue
+        pos += -pos % ALIGN
+        offsets[t.name] = pos
+        pos += _size(t)
+    return offsets, pos
 
 
 def compress_file(src: Path, staged: Path, options: StreamOptions, *, file_bytes_before: int,
@@ -296,7 +336,7 @@ def compress_file(src: Path, staged: Path, options: StreamOptions, *, file_bytes
     with _cwd(folder):  # onnx.checker finds external data files from the working folder
         model, input_notes = validate.check_input_model(model)
     nodes_before = _op_counts(model)
-    with external_data_in(folder):
+    with external_data_in(folder, check_values=False):  # each weight is checked as it is hashed
         scan = scan_layers(model, include_grouped=options.include_depthwise, tables=True)
     t_scan = time.perf_counter() - t_start
     by_weight = {l.weight: l for l in scan.layers}
@@ -312,6 +352,11 @@ def compress_file(src: Path, staged: Path, options: StreamOptions, *, file_bytes
     weight_bits = sum(l.params * 8 * np_dtype(proto_of(l.weight).data_type).itemsize for l in scan.layers)
     params = sum(l.params for l in scan.layers)
 
+    data_path = staged.with_name(staged.name + ".data")
+    offsets, size = _layout(inits)
+    with open(data_path, "wb") as f:
+        f.truncate(size)
+
     def tasks() -> Iterator[dict]:
         for k, name in enumerate(order):
             t, layer = proto_of(name), by_weight[name]
@@ -319,10 +364,10 @@ def compress_file(src: Path, staged: Path, options: StreamOptions, *, file_bytes
             yield {"array": None if external else numpy_helper.to_array(t), "folder": str(folder),
                    "proto": _reference(t) if external else None, "data_type": t.data_type,
                    "options": options.hash_options(), "seed": options.seed * 1_000_003 + k,
-                   "layer": {"op_type": layer.op_type, "trans_b": layer.trans_b}}
+                   "layer": {"op_type": layer.op_type, "trans_b": layer.trans_b},
+                   "target": (str(data_path), offsets[name]) if name in offsets and name not in constants else None}
 
     rows = []
-    data = _DataWriter(staged.with_name(staged.name + ".data"))
     results = imap_ordered(_task, tasks(), options.workers)
     try:
         for k, name in enumerate(order):
@@ -330,34 +375,38 @@ def compress_file(src: Path, staged: Path, options: StreamOptions, *, file_bytes
                 progress(k, len(order), by_weight[name].node)
             hashed, stats = next(results)
             t = proto_of(name)
-            if name in constants or _size(t) < INLINE_BYTES:
+            if hashed is not None:  # a Constant node's value, or a small tensor: in the model file
                 t.CopyFrom(_inline(t, hashed))
             else:
-                data.array(t, hashed)
+                _set_external(t, data_path.name, offsets[name], _size(t))
             rows.append(_row(by_weight[name], stats))
-        for t in inits:  # everything else, copied through
-            if t.name in by_weight:
-                continue
-            if t.data_location == onnx.TensorProto.EXTERNAL:
-                entry = io.external_entry(t)
-                length = entry["length"] if entry["length"] is not None else _size(t)
-                if _size(t) < INLINE_BYTES:
-                    t.CopyFrom(_inline(t, io.read_external(t, folder)))
-                else:
-                    data.copy(t, io.external_file(t, folder), entry["offset"], length)
-            elif _size(t) >= INLINE_BYTES and t.data_type != onnx.TensorProto.STRING:
-                data.array(t, numpy_helper.to_array(t))
     finally:
         results.close()
-        data.close()
+    for t in inits:  # everything else, copied through
+        if t.name in by_weight:
+            continue
+        external = t.data_location == onnx.TensorProto.EXTERNAL
+        if t.name not in offsets:
+            if external:
+                t.CopyFrom(_inline(t, io.read_external(t, folder)))
+            continue
+        if external:
+            entry = io.external_entry(t)
+            if entry["length"] is not None and entry["length"] != _size(t):
+                raise RedppError(f"tensor {t.name}: its external data has {entry['length']} bytes for shape "
+                                 f"{list(t.dims)} ({_size(t)} expected)")
+            _copy_at(data_path, offsets[t.name], io.external_file(t, folder), entry["offset"], _size(t), t.name)
+        else:
+            _write_at(data_path, offsets[t.name], numpy_helper.to_array(t))
+        _set_external(t, data_path.name, offsets[t.name], _size(t))
     if progress:
         progress(len(order), len(order), "")
     model.ir_version = io.runtime_ir_version(model)
     with open(staged, "wb") as f:
         f.write(model.SerializeToString())
-    for p in (staged, data.path):
+    for p in (staged, data_path):
         os.chmod(p, io._default_mode())
-    files = [staged, data.path]
+    files = [staged, data_path]
     total = time.perf_counter() - t_start
     report = _report(src, model, scan, rows, options, nodes_before, params, weight_bits, file_bytes_before,
                      sum(p.stat().st_size for p in files), {"load": t_scan, "stream": total - t_scan, "total": total})
@@ -428,7 +477,7 @@ def _report(src, model, scan, rows, options, nodes_before, params, weight_bits, 
     set_file_bits(summary)
     checked = [r for r in rows if r["method"] != "unchanged" and r["output_rel_l2"] is not None]
     worst = max(checked, key=lambda r: r["output_rel_l2"], default=None)
-    layerwise = {"layers": len(checked), "inputs": f"{CHECK_ROWS} seeded N(0, 1) rows per layer (64 random rows "
+    layerwise = {"layers": len(checked), "inputs": f"{CHECK_ROWS} seeded N(0, 1) rows per layer, at most {CHECK_OUTPUTS} outputs (64 random rows "
                  "of a table)", "max_output_rel_l2": worst["output_rel_l2"] if worst else None,
                  "worst_layer": worst["name"] if worst else None}
     found = (f"layer-wise instead: max relative L2 of one layer's output {worst['output_rel_l2']:.3g} ({worst['name']}; "

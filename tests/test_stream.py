@@ -162,6 +162,8 @@ def test_layer_check_in_blocks_is_the_layer_output_error(op, trans_b, shape, mon
     w = rng.standard_normal(shape).astype(np.float32)
     h = w + 0.01 * rng.standard_normal(shape).astype(np.float32)
     monkeypatch.setattr(stream, "CHECK_BLOCK", 1 << 16)  # many blocks
+    sampled = stream.layer_check(w, h, {"op_type": op, "trans_b": trans_b}, 1)
+    monkeypatch.setattr(stream, "CHECK_OUTPUTS", 1 << 20)  # every output
     got = stream.layer_check(w, h, {"op_type": op, "trans_b": trans_b}, 1)
     m = w.reshape(shape[0], -1)
     d = h.reshape(m.shape) - m
@@ -169,3 +171,33 @@ def test_layer_check_in_blocks_is_the_layer_output_error(op, trans_b, shape, mon
                                                  dtype=np.float32)
     ref, diff = (x @ m, x @ d) if op == "MatMul" else (x @ m.T, x @ d.T)
     assert got == pytest.approx(np.linalg.norm(diff) / np.linalg.norm(ref), rel=1e-5)
+    assert sampled == pytest.approx(got, rel=0.1)  # 1,024 of the outputs: close
+
+
+def test_16_bit_helpers_match_numpy(monkeypatch):
+    bits = np.random.default_rng(2).integers(0, 1 << 16, 1_000_003).astype(np.uint16)
+    lut = np.random.default_rng(3).integers(0, 1 << 16, 1 << 16).astype(np.uint16)
+    assert stream._core16() is not None
+    native = stream._histogram16(bits), stream._lookup16(lut, bits)
+    monkeypatch.setattr(stream, "_core16", lambda: None)
+    monkeypatch.setattr(stream, "INDEX_BLOCK", 1 << 16)
+    np.testing.assert_array_equal(native[0], stream._histogram16(bits))
+    np.testing.assert_array_equal(native[0], np.bincount(bits, minlength=1 << 16))
+    np.testing.assert_array_equal(native[1], stream._lookup16(lut, bits))
+    np.testing.assert_array_equal(native[1], lut[bits])
+
+
+def test_a_weight_with_nan_is_left_as_it_is_with_the_reason(gpt, tmp_path):
+    bad = tmp_path / "in"
+    bad.mkdir()
+    model = onnx.load(str(gpt))
+    table = next(t for t in model.graph.initializer if t.name.startswith("wte"))
+    values = numpy_helper.to_array(table).copy()
+    values[3, :5] = np.nan
+    table.CopyFrom(numpy_helper.from_array(values, table.name))
+    onnx.save(model, str(bad / "gpt.onnx"), save_as_external_data=True, location="gpt.onnx.data")
+    rep = tmp_path / "r.json"
+    assert run(bad / "gpt.onnx", "-o", tmp_path / "o.onnx", "--stream", "--workers", "1", "--report", rep) == 0
+    row = next(l for l in json.loads(rep.read_text())["layers"] if l["weight"] == table.name)
+    assert row["method"] == "unchanged" and "5 NaN/Inf" in row["reasons"][0]
+    np.testing.assert_array_equal(tensors(tmp_path / "o.onnx")[table.name], values)
