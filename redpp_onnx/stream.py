@@ -54,6 +54,11 @@ ALIGN = 64
 """Each tensor of the output's external data starts at a multiple of this many bytes."""
 CHECK_ROWS = 8
 """Seeded N(0, 1) input rows of the layer-wise check (64 rows of a table)."""
+WINDOW = 8
+"""Weights in flight per worker (tasks submitted and not yet taken back, in model order): workers
+write their tensors in place and send back statistics only, so a long weight at the head of the
+line does not leave the other workers idle while the later ones are small (inputs held in the
+tasks are references to external data, or tensors of a model that is in memory anyway)."""
 INDEX_BLOCK = 1 << 22
 """float16 / bfloat16 weights per block of the histogram and of the table lookup (numpy widens the
 16-bit patterns to int64 indices: 32 MB a block instead of 8 bytes a weight)."""
@@ -368,7 +373,7 @@ def compress_file(src: Path, staged: Path, options: StreamOptions, *, file_bytes
                    "target": (str(data_path), offsets[name]) if name in offsets and name not in constants else None}
 
     rows = []
-    results = imap_ordered(_task, tasks(), options.workers)
+    results = imap_ordered(_task, tasks(), options.workers, window=WINDOW * options.workers)
     try:
         for k, name in enumerate(order):
             if progress:
