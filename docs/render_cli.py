@@ -87,8 +87,9 @@ each eligible weight alone: hashed by the data-free per-layer rule (`--weight-er
 default, `--bandwidth-factor`, `--nms-radius`, `--snap-zero` apply), checked layer-wise (the
 layer's output on seeded N(0, 1) inputs, original vs hashed weight: `verify.layerwise` in the
 report, `verify.skipped` says why the whole model is not run), written in its own type to the
-output's external data (`OUT.data`) and dropped. `--workers N` hashes N weights at once; the output
-is the same bytes with any N. Not done on that path, each said in the report's notes: rate-distortion
+output's external data (`OUT.data`) and dropped. `--workers N` hashes N weights at once (default 1:
+on this project's 2-core machine a second worker made it slower, docs/RESULTS.md); the output is the
+same bytes with any N. Not done on that path, each said in the report's notes: rate-distortion
 hashing, merge, split, codebook storage (the file keeps its size). Options that need the
 in-memory path (`--budget`, `--target-bits`, `--effort thorough`, `--uniform-int8`, `--codebook`,
 `--storage compact`, `--calibrate`, `--verify-data`, `--verify-samples`, `--max-rel-l2`, `--plot`,

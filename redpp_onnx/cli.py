@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "per channel or group of channels: 4-9%% fewer bits in 5-10x the time)")
     c.add_argument("--workers", type=int, metavar="N",
                    help="rate-distortion hashing: processes for the per-layer work (default: every available core "
-                        "on models of at least 2 M eligible weights, else 1); the output does not depend on it")
+                        "on models of at least 2 M eligible weights, else 1; streamed models: 1); the output does "
+                        "not depend on it")
     c.add_argument("--weight-error", type=float, metavar="EPS",
                    help="per-layer hashing instead: every layer within ||W~ - W|| / ||W|| <= EPS (the paper's "
                         "rule; 0.01 when another per-layer option is given)")
@@ -309,9 +310,8 @@ def _compress_streaming(args, config, plan, src: Path, dst: Path, reason: str, f
                         external_in: bool) -> int:
     """``compress`` through ``stream.py``: the model is read, hashed and written one tensor at a time
     inside the output's staging (nothing is left behind on an error)."""
-    from .hashing.workers import available_cores
     from .io import data_path
-    from .stream import StreamOptions, compress_file
+    from .stream import STREAM_WORKERS, StreamOptions, compress_file
 
     given = [flag for flag, attr in STREAM_REFUSED if getattr(args, attr, None) not in (None, False)]
     given += ["--effort thorough"] if args.effort != "fast" else []
@@ -337,7 +337,7 @@ def _compress_streaming(args, config, plan, src: Path, dst: Path, reason: str, f
     options = StreamOptions(weight_error=hc.weight_error if hc.weight_error is not None else 0.01,
                             bandwidth_factor=hc.bandwidth_factor, nms_radius=hc.nms_radius, snap_zero=hc.snap_zero,
                             include_depthwise=hc.include_depthwise,
-                            workers=args.workers if args.workers is not None else available_cores(),
+                            workers=args.workers if args.workers is not None else STREAM_WORKERS,
                             seed=config.seed, reason=reason, skipped=skipped)
     if not external_in:
         plan.write("output model's external data", data_path(dst))

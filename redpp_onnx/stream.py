@@ -45,6 +45,10 @@ from .hashing.kde import hash_distinct
 from .hashing.workers import imap_ordered
 from .report import Report
 
+STREAM_WORKERS = 1
+"""Default ``--workers`` of the streaming path: on this project's 2-core machine a second worker made
+it slower (1.04 B float16 decoder 22.7 -> 27.7 s, ResNet-50-sized graph 11.7 -> 13.1 s,
+benchmarks/bench_large.py): each weight's work is short and bound by memory traffic."""
 RD_PEAK_FACTOR = 30
 """Peak memory of the in-memory ``compress`` (rate-distortion hashing, verification) per byte of
 model, rounded up from the measured 12-29x (ResNet-50-sized graph) and 27x (BERT-sized encoder)."""
