@@ -659,6 +659,17 @@ def section_scale(data) -> list[str]:
     return out + [""]
 
 
+def _walls(row) -> str:
+    each = ", ".join(f"{r['wall_s']:.1f}" for r in row["runs"])
+    return f"{row['wall_s_median']:.1f} ({each})"
+
+
+def _loads(runs) -> str:
+    """The machine's 1-minute load average around the runs (2 cores: above 2, another job shared them)."""
+    loads = [x for r in runs for x in (r.get("load_before"), r.get("load_after")) if x is not None]
+    return f"{min(loads):.1f}-{max(loads):.1f}" if loads else "-"
+
+
 def section_large(data) -> list[str]:
     m, rows = data["model"], data.get("rows", [])
     if not rows:
@@ -670,14 +681,16 @@ def section_large(data) -> list[str]:
            f"untied LM head; {m['params']:,} float16 parameters, {gib(m['file_bytes'])}; seeded Laplace/normal "
            "weights with outliers and per-layer spreads, not trained). The whole `redpp-onnx compress` (default "
            "options, `--workers N`) in a fresh process: its wall time and peak RSS, and its largest worker's; "
-           "the output's bytes and SHA-256 (model file + external data). The size rule sends it to the streaming "
+           "the output's bytes and SHA-256 (model file + external data); machine load = the 1-minute load average "
+           "around the runs (this 2-core machine is shared: above 2, another job was running and the times are "
+           "inflated). The size rule sends it to the streaming "
            "path by itself: " + f"\"{rows[0]['stream_reason']}\".", "",
-           "| workers | runs | wall s (median) | peak MiB (command) | peak MiB (largest worker) | output bytes | "
-           "max weight rel. error | max layer output rel. L2 | SHA-256 |",
-           "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+           "| workers | runs | wall s (median; each run) | machine load | peak MiB (command) | peak MiB (largest worker) | "
+           "output bytes | max weight rel. error | max layer output rel. L2 | SHA-256 |",
+           "|---:|---:|---:|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         lw = r["verify"].get("layerwise", {})
-        out.append(f"| {r['workers']} | {len(r['runs'])} | {r['wall_s_median']:.1f} | {r['peak_rss_mib_max']:.0f} | "
+        out.append(f"| {r['workers']} | {len(r['runs'])} | {_walls(r)} | {_loads(r['runs'])} | {r['peak_rss_mib_max']:.0f} | "
                    f"{r['worker_peak_rss_mib_max']:.0f} | {r['output_bytes']:,} | {r['max_weight_rel_error']:.4f} | "
                    f"{_g(lw.get('max_output_rel_l2'), '{:.4f}')} | `{r['sha256'][:16]}…` |")
     out += ["", f"Identical output with 1 and 2 workers: **{'yes' if data['identical_1_2_workers'] else 'no'}**. "
@@ -701,11 +714,20 @@ def section_large(data) -> list[str]:
                     f"parameters, {sc['rows'][0]['eligible_params']:,} eligible, external data) through `--stream` "
                     "(the per-layer rule, no model run), whole command in a fresh process, medians of "
                     f"{len(sc['rows'][0]['runs'])} runs:", "",
-                "| workers | wall s | hashing and writing s (report) | peak MiB (command) |", "|---:|---:|---:|---:|"]
+                "| workers | wall s (median; each run) | machine load | hashing and writing s (report) | "
+                "peak MiB (command) |", "|---:|---:|---|---:|---:|"]
         for r in sc["rows"]:
-            out.append(f"| {r['workers']} | {r['wall_s_median']:.1f} | {r['stream_s_median']:.1f} | "
+            out.append(f"| {r['workers']} | {_walls(r)} | {_loads(r['runs'])} | {r['stream_s_median']:.1f} | "
                        f"{r['peak_rss_mib_max']:.0f} |")
         out += ["", f"Identical output with 1 and 2 workers: **{'yes' if sc['identical_1_2_workers'] else 'no'}**."]
+    earlier = data.get("earlier")
+    if earlier:
+        e, es = earlier["rows"], (earlier.get("scale") or {}).get("rows", [])
+        out += ["", f"An earlier run on a less loaded machine ({earlier['code']}; the same output bytes): the decoder "
+                    + ", ".join(f"{r['workers']} worker(s) {_walls(r)} s at load {_loads(r['runs'])}, peak "
+                                f"{r['peak_rss_mib_max']:.0f} MiB" for r in e)
+                    + "; the ResNet-50-sized graph " + ", ".join(f"{r['workers']} worker(s) {_walls(r)} s at load "
+                                                                f"{_loads(r['runs'])}" for r in es) + "."]
     return out + [""]
 
 
@@ -744,6 +766,8 @@ def main(argv=None):
                          ("split_conv_threads.json", section_threads)):
         data = _load(results, name)
         if data is not None:
+            if name == "large.json":  # the run before, kept for its quieter machine
+                data["earlier"] = _load(results, "large_52621e5.json")
             lines += render(data)
     lines += section_figures(ROOT)
     out = Path(args.out)
