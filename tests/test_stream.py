@@ -34,7 +34,12 @@ def gpt(tmp_path_factory) -> Path:
 
 
 def tensors(path: Path) -> dict:
-    return {t.name: numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}
+    """Initializers and Constant nodes' values, by name."""
+    model = onnx.load(str(path))
+    out = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    out.update({n.output[0]: numpy_helper.to_array(a.t) for n in model.graph.node if n.op_type == "Constant"
+                for a in n.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR})
+    return out
 
 
 def same_tensors(a: Path, b: Path) -> None:
@@ -56,12 +61,16 @@ def run(*args) -> int:
     return main(["compress", *map(str, args), "-q"])
 
 
-@pytest.mark.parametrize("source", ["gpt", "digits"])
+ZOO = ROOT / "tests" / "zoo"
+
+
+@pytest.mark.parametrize("source", ["gpt", "digits"] + sorted(p.name for p in ZOO.glob("*.onnx")))
 def test_streaming_gives_the_in_memory_per_layer_tensors(source, gpt, tmp_path):
     """The same tensors, bit for bit, as the in-memory path with the same per-layer rule (the bytes of
     the files differ: the streaming path lays the external data out itself, each tensor aligned
-    to 64 bytes, and always writes external data, also for an input without)."""
-    src = gpt if source == "gpt" else DIGITS
+    to 64 bytes, and always writes external data, also for an input without). The small models of
+    tests/zoo too (both torch exporters: Constant nodes, external data, tied weights, LSTM...)."""
+    src = {"gpt": gpt, "digits": DIGITS}.get(source, ZOO / source)
     assert run(src, "-o", tmp_path / "s.onnx", "--stream", "--workers", "1") == 0
     assert run(src, "-o", tmp_path / "m.onnx", "--weight-error", "0.01", "--steps", "hash", "--plain",
                "--no-verify") == 0
@@ -69,7 +78,7 @@ def test_streaming_gives_the_in_memory_per_layer_tensors(source, gpt, tmp_path):
     assert (tmp_path / "s.onnx.data").stat().st_size > 0
     changed = tensors(tmp_path / "s.onnx")
     original = tensors(src)
-    assert sum(not np.array_equal(changed[k], original[k]) for k in original) >= 3  # weights were hashed
+    assert sum(not np.array_equal(changed[k], original[k]) for k in original) >= 1  # weights were hashed
 
 
 def test_streamed_model_runs_in_onnxruntime(gpt, tmp_path):
