@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,3 +36,14 @@ def write_json(path, payload: dict) -> Path:
     out.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     print(f"wrote {out}")
     return out
+
+
+def run_python(code: str, args) -> tuple:
+    """``python -c CODE ARGS...`` in a fresh process (as a user runs the command): ``(wall seconds,
+    the completed process)``; a failure ends the benchmark with its stderr."""
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code] + [str(a) for a in args], capture_output=True, text=True)
+    seconds = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(map(str, args[:1]))} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
+    return seconds, proc

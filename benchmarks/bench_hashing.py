@@ -9,7 +9,7 @@ Distribution of a layer with fan-in ``n`` (``σ = 1/√n``): a mixture of 70 % L
 (scale ``σ/√2``, so standard deviation ``σ``) and 30 % normal (``0.5 σ``), plus 0.01 % of
 outliers drawn uniformly in ``±[8σ, 30σ]``; float32.
 
-Usage: ``python benchmarks/bench_hashing.py [--out PATH] [--seed N] [--weight-error E]``
+Usage: ``python benchmarks/bench_hashing.py [--out PATH] [--seed N] [--weight-error E] [--numpy]``
 """
 
 from __future__ import annotations
@@ -78,7 +78,13 @@ def main(argv=None):
     parser.add_argument("--out", default=str(default_out))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--weight-error", type=float, default=0.01)
+    parser.add_argument("--numpy", action="store_true",
+                        help="the KDE binning in numpy instead of C++ (redpp_onnx._core): the same numbers, for timing")
     args = parser.parse_args(argv)
+    if args.numpy:
+        from redpp_onnx.hashing import kde
+
+        kde.NATIVE = False
 
     rng = np.random.default_rng(args.seed)
     layers = [(name, synthetic_weights(shape, rng)) for name, shape in resnet50_shapes()]
@@ -126,7 +132,7 @@ def main(argv=None):
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(dict(
         benchmark="hash_tensor on ResNet-50-shaped synthetic weights",
-        seed=args.seed, weight_error=args.weight_error,
+        seed=args.seed, weight_error=args.weight_error, kde_binning="numpy" if args.numpy else "C++",
         n_tensors=len(layers), n_params=int(n_params),
         total_seconds=total, reduction=reduction,
         max_rss_mib=max_rss_mb, peak_traced_mib_per_call=peak_traced,

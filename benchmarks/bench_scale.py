@@ -14,10 +14,8 @@ and peak RSS; ``bench_codebook.load_cost``).
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _common import PEAK_RSS_KB_EXPR, shared_parser, write_json  # noqa: E402  (benchmarks/)
+from _common import PEAK_RSS_KB_EXPR, run_python, shared_parser, write_json  # noqa: E402  (benchmarks/)
 from bench_codebook import load_cost  # noqa: E402
 from bench_hashing import STAGES, synthetic_weights  # noqa: E402
 
@@ -95,11 +93,7 @@ def resnet50(seed: int = 0) -> onnx.ModelProto:
 
 
 def run_cli(args) -> dict:
-    t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", CLI] + args, capture_output=True, text=True)
-    seconds = time.perf_counter() - t
-    if proc.returncode != 0:
-        raise SystemExit(f"compress failed ({proc.returncode}): {proc.stderr.strip()}")
+    seconds, proc = run_python(CLI, args)
     peak = int(proc.stderr.strip().splitlines()[-1].split()[1])
     return {"wall_s": seconds, "peak_rss_mib": peak / 1024}
 

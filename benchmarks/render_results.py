@@ -5,7 +5,7 @@
 Sections appear for the result files that exist: hashing.json (results_hashing.py),
 theory.json (bench_theory.py), hashing_speed.json (bench_hashing.py), codebook.json (bench_codebook.py), scale.json (bench_scale.py),
 split_conv_threads.json (bench_split_conv_threads.py), eval_shared.json (eval_shared.py),
-rd.json (bench_rd.py).
+rd.json (bench_rd.py), large.json (bench_large.py).
 """
 
 from __future__ import annotations
@@ -694,6 +694,78 @@ def section_scale(data) -> list[str]:
     return out + [""]
 
 
+def _walls(row) -> str:
+    each = ", ".join(f"{r['wall_s']:.1f}" for r in row["runs"])
+    return f"{row['wall_s_median']:.1f} ({each})"
+
+
+def _loads(runs) -> str:
+    """The machine's 1-minute load average around the runs (2 cores: above 2, another job shared them)."""
+    loads = [x for r in runs for x in (r.get("load_before"), r.get("load_after")) if x is not None]
+    return f"{min(loads):.1f}-{max(loads):.1f}" if loads else "-"
+
+
+def section_large(data) -> list[str]:
+    m, rows = data["model"], data.get("rows", [])
+    if not rows:
+        return []
+    gib = lambda b: f"{b / 1e9:.2f} GB"  # noqa: E731
+    out = ["## Models larger than memory: a 1 B-parameter float16 decoder, streamed", "",
+           "Command: `python benchmarks/bench_large.py`. A GPT-style decoder built with onnx.helper straight into "
+           f"external data ({m['layers']} layers, width {m['dim']}, {m['heads']} heads, {m['vocab']:,}-token table, "
+           f"untied LM head; {m['params']:,} float16 parameters, {gib(m['file_bytes'])}; seeded Laplace/normal "
+           "weights with outliers and per-layer spreads, not trained). The whole `redpp-onnx compress` (default "
+           "options, `--workers N`) in a fresh process: its wall time and peak RSS, and its largest worker's; "
+           "the output's bytes and SHA-256 (model file + external data); machine load = the 1-minute load average "
+           "around the runs (this 2-core machine is shared: above 2, another job was running and the times are "
+           "inflated). The size rule sends it to the streaming "
+           "path by itself: " + f"\"{rows[0]['stream_reason']}\".", "",
+           "| workers | runs | wall s (median; each run) | machine load | peak MiB (command) | peak MiB (largest worker) | "
+           "output bytes | max weight rel. error | max layer output rel. L2 | SHA-256 |",
+           "|---:|---:|---:|---|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        lw = r["verify"].get("layerwise", {})
+        out.append(f"| {r['workers']} | {len(r['runs'])} | {_walls(r)} | {_loads(r['runs'])} | {r['peak_rss_mib_max']:.0f} | "
+                   f"{r['worker_peak_rss_mib_max']:.0f} | {r['output_bytes']:,} | {r['max_weight_rel_error']:.4f} | "
+                   f"{_g(lw.get('max_output_rel_l2'), '{:.4f}')} | `{r['sha256'][:16]}…` |")
+    out += ["", f"Identical output with 1 and 2 workers: **{'yes' if data['identical_1_2_workers'] else 'no'}**. "
+                f"Distinct weight values {rows[0]['distinct_values_before']:,} → {rows[0]['distinct_values_after']:,} "
+                f"({rows[0]['changed_layers']} of {rows[0]['eligible_layers']} layers hashed); the file keeps its "
+                "size: the streaming path writes hashed weights plainly in their own type (codebook storage holds "
+                "every layer's codes in memory), so what it gives a model of this size is the hashing, not yet a "
+                "smaller file."]
+    chk = data.get("whole_model_check")
+    if chk:
+        out += ["", "The command checks a streamed model layer by layer only (two onnxruntime sessions would hold "
+                    f"both models: {chk['peak_rss_mib']:.0f} MiB here, beyond the streaming path's few tensors); "
+                    "the script then ran both models in onnxruntime on "
+                    f"{chk['positions']} positions of seeded token ids: logits relative L2 {chk['rel_l2']:.4f}, "
+                    f"cosine min {chk['cosine_min']:.5f}, top-1 agreement {100 * chk['top1_agreement']:.1f} % "
+                    f"({chk['wall_s']:.0f} s). The weights are random: what this "
+                    "does to a trained model's quality is not measured here."]
+    sc = data.get("scale")
+    if sc:
+        out += ["", f"Hashing speed, the ResNet-50-sized graph of `bench_scale.py` ({sc['params']:,} float32 "
+                    f"parameters, {sc['rows'][0]['eligible_params']:,} eligible, external data) through `--stream` "
+                    "(the per-layer rule, no model run), whole command in a fresh process, medians of "
+                    f"{len(sc['rows'][0]['runs'])} runs:", "",
+                "| workers | wall s (median; each run) | machine load | hashing and writing s (report) | "
+                "peak MiB (command) |", "|---:|---:|---|---:|---:|"]
+        for r in sc["rows"]:
+            out.append(f"| {r['workers']} | {_walls(r)} | {_loads(r['runs'])} | {r['stream_s_median']:.1f} | "
+                       f"{r['peak_rss_mib_max']:.0f} |")
+        out += ["", f"Identical output with 1 and 2 workers: **{'yes' if sc['identical_1_2_workers'] else 'no'}**."]
+    earlier = data.get("earlier")
+    if earlier:
+        e, es = earlier["rows"], (earlier.get("scale") or {}).get("rows", [])
+        out += ["", f"An earlier run on a less loaded machine ({earlier['code']}; the same output bytes): the decoder "
+                    + ", ".join(f"{r['workers']} worker(s) {_walls(r)} s at load {_loads(r['runs'])}, peak "
+                                f"{r['peak_rss_mib_max']:.0f} MiB" for r in e)
+                    + "; the ResNet-50-sized graph " + ", ".join(f"{r['workers']} worker(s) {_walls(r)} s at load "
+                                                                f"{_loads(r['runs'])}" for r in es) + "."]
+    return out + [""]
+
+
 def section_threads(data) -> list[str]:
     out = ["## SplitConv kernel: threads and onnxruntime's Conv (issue 2)", "",
            f"Command: `python benchmarks/bench_split_conv_threads.py`; medians of {data['meta']['repeat']} runs, "
@@ -723,13 +795,15 @@ def main(argv=None):
                          ("hashing_speed.json", section_speed), ("codebook.json", section_codebook),
                          ("rd.json", section_rd), ("workers.json", section_workers),
                          ("transformer.json", section_transformer), ("scale.json", section_scale),
-                         ("merge.json", section_merge), ("reduce.json", section_reduce),
+                         ("large.json", section_large), ("merge.json", section_merge), ("reduce.json", section_reduce),
                          ("ablation.json", section_ablation), ("relaxed.json", section_relaxed),
                          ("latency.json", section_latency), ("latency_reduce.json", section_latency_reduce),
                          ("split_cost.json", section_break_even),
                          ("split_conv_threads.json", section_threads)):
         data = _load(results, name)
         if data is not None:
+            if name == "large.json":  # the run before, kept for its quieter machine
+                data["earlier"] = _load(results, "large_52621e5.json")
             lines += render(data)
     lines += section_figures(ROOT)
     out = Path(args.out)

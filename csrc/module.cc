@@ -15,6 +15,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -498,6 +499,111 @@ py::int_ RansDecode(const py::array& stream, const Array<uint32_t>& freqs, const
 
 }  // namespace
 
+// The KDE hashing's binned Taylor moments (redpp_onnx/hashing/kde.py, _binned_density), the same
+// float64 operations in the same order as its numpy form (bit-identical results, one pass instead
+// of ten). No FMA: the build has no -march and contracts nothing across statements.
+py::tuple KdeNearest(const py::array_t<double, py::array::c_style>& coords, double reach) {
+  const int64_t n = coords.size();
+  py::array_t<int64_t> nearest(n);
+  py::array_t<double> delta(n);
+  const double* c = coords.data();
+  int64_t* k = nearest.mutable_data();
+  double* d = delta.mutable_data();
+  {
+    py::gil_scoped_release release;
+    for (int64_t i = 0; i < n; ++i) {
+      const double shifted = c[i] + reach;
+      const double up = shifted + 0.5;
+      k[i] = static_cast<int64_t>(up);
+      d[i] = shifted - static_cast<double>(k[i]);
+    }
+  }
+  return py::make_tuple(nearest, delta);
+}
+
+py::array_t<double> KdeMoments(const py::array_t<int64_t, py::array::c_style>& nearest,
+                               const py::array_t<double, py::array::c_style>& delta,
+                               const py::array_t<double, py::array::c_style>& counts, int64_t i0, int64_t i1,
+                               int64_t a, int64_t n_bins, int order) {
+  if (i0 < 0 || i1 < i0 || i1 > nearest.size() || delta.size() != nearest.size() ||
+      counts.size() != nearest.size() || order < 0 || n_bins < 0)
+    throw py::value_error("kde_moments: inconsistent arguments");
+  py::array_t<double> out({int64_t(order + 1), n_bins});
+  double* b = out.mutable_data();
+  std::fill(b, b + (order + 1) * n_bins, 0.0);
+  const int64_t* k = nearest.data();
+  const double* d = delta.data();
+  const double* c = counts.data();
+  bool sorted = true;
+  for (int64_t i = i0; i < i1; ++i) {
+    if (k[i] - a < 0 || k[i] - a >= n_bins) throw py::value_error("kde_moments: a value outside the bins");
+    if (i > i0 && k[i] < k[i - 1]) sorted = false;
+  }
+  constexpr int kMaxOrder = 8;
+  {
+    py::gil_scoped_release release;
+    if (sorted && order < kMaxOrder) {
+      // nearest is non-decreasing: a bin's values are consecutive, summed in registers from 0 in
+      // the same order as the scatter-adds below (the same numbers), and stored once
+      double acc[kMaxOrder] = {0};
+      int64_t j = i0 < i1 ? k[i0] - a : 0;
+      for (int64_t i = i0; i < i1; ++i) {
+        if (k[i] - a != j) {
+          for (int o = 0; o <= order; ++o) b[o * n_bins + j] = acc[o], acc[o] = 0.0;
+          j = k[i] - a;
+        }
+        double m = c[i];
+        for (int o = 0; o <= order; ++o) {
+          acc[o] += m;
+          m = m * d[i];
+        }
+      }
+      if (i0 < i1)
+        for (int o = 0; o <= order; ++o) b[o * n_bins + j] = acc[o];
+    } else {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t j = k[i] - a;
+        double m = c[i];
+        for (int o = 0; o <= order; ++o) {
+          b[o * n_bins + j] += m;
+          m = m * d[i];
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// 16-bit weights (float16 / bfloat16) of the streaming path (redpp_onnx/stream.py): the histogram
+// of their bit patterns and a table lookup, without numpy's widening of the patterns to int64.
+py::array_t<int64_t> Histogram16(const py::array_t<uint16_t, py::array::c_style>& bits) {
+  py::array_t<int64_t> hist(int64_t(1) << 16);
+  int64_t* h = hist.mutable_data();
+  std::fill(h, h + (int64_t(1) << 16), int64_t(0));
+  const uint16_t* b = bits.data();
+  const int64_t n = bits.size();
+  {
+    py::gil_scoped_release release;
+    for (int64_t i = 0; i < n; ++i) ++h[b[i]];
+  }
+  return hist;
+}
+
+py::array_t<uint16_t> Lookup16(const py::array_t<uint16_t, py::array::c_style>& table,
+                               const py::array_t<uint16_t, py::array::c_style>& bits) {
+  if (table.size() != (int64_t(1) << 16)) throw py::value_error("lookup16: the table needs 65536 entries");
+  const int64_t n = bits.size();
+  py::array_t<uint16_t> out(n);
+  const uint16_t* t = table.data();
+  const uint16_t* b = bits.data();
+  uint16_t* o = out.mutable_data();
+  {
+    py::gil_scoped_release release;
+    for (int64_t i = 0; i < n; ++i) o[i] = t[b[i]];
+  }
+  return out;
+}
+
 PYBIND11_MODULE(_core, m) {
   m.doc() = "redpp-onnx C++ core (SplitConv compute, build information)";
   m.def("build_info", [] {
@@ -559,6 +665,13 @@ PYBIND11_MODULE(_core, m) {
         "Decode a rans_encode stream into out (float32): weight i = table[channel_base[ch] + rank] "
         "(* channel_unit[ch]). Returns the checksum of out. Raises ValueError on a corrupted, short or long "
         "stream or a rank outside its channel's channel_count values.");
+  m.def("kde_nearest", &KdeNearest, py::arg("coords"), py::arg("reach"),
+        "(nearest, delta): the KDE grid point nearest to coords + reach (int64) and the offset from it.");
+  m.def("kde_moments", &KdeMoments, py::arg("nearest"), py::arg("delta"), py::arg("counts"), py::arg("i0"),
+        py::arg("i1"), py::arg("a"), py::arg("n_bins"), py::arg("order"),
+        "Binned Taylor moments (order + 1, n_bins) of values i0..i1: B[m, nearest - a] += counts * delta^m.");
+  m.def("histogram16", &Histogram16, py::arg("bits"), "Counts (int64, 65536) of each 16-bit pattern in bits (uint16).");
+  m.def("lookup16", &Lookup16, py::arg("table"), py::arg("bits"), "table[bits] for uint16 bits and a 65536-entry table.");
   m.def("checksum", &Checksum, py::arg("values"),
         "redpp_onnx.passes.codebook.checksum of a C-contiguous float32 array, in C++.");
 }

@@ -76,6 +76,25 @@ Hashing (always within `--weight-error` per layer), `--alpha > 0`, `--split-tole
 (without tolerance) and `--codebook` are exact (up to float summation order). `--calibrate`
 chooses α on data and is labelled DATA-DRIVEN in the report.
 
+## Models larger than memory (`--stream`, `--memory-limit`)
+
+The in-memory path holds the model several times over (the rate-distortion hashing runs it in
+onnxruntime for its sensitivities, the verification runs it and the output): its peak was 12-29x
+the model's bytes. A model of B bytes (file plus external data) is therefore streamed when 30 x B
+exceeds the memory available when the command starts, or `--memory-limit SIZE` (e.g. `8G`);
+`--stream` streams any model. The streamed path reads the graph without its external data, then
+each eligible weight alone: hashed by the data-free per-layer rule (`--weight-error`, 0.01 by
+default, `--bandwidth-factor`, `--nms-radius`, `--snap-zero` apply), checked layer-wise (the
+layer's output on seeded N(0, 1) inputs, original vs hashed weight: `verify.layerwise` in the
+report, `verify.skipped` says why the whole model is not run), written in its own type to the
+output's external data (`OUT.data`) and dropped. `--workers N` hashes N weights at once (default 1:
+on this project's 2-core machine a second worker made it slower, docs/RESULTS.md); the output is the
+same bytes with any N. Not done on that path, each said in the report's notes: rate-distortion
+hashing, merge, split, codebook storage (the file keeps its size). Options that need the
+in-memory path (`--budget`, `--target-bits`, `--effort thorough`, `--uniform-int8`, `--codebook`,
+`--storage compact`, `--calibrate`, `--verify-data`, `--verify-samples`, `--max-rel-l2`, `--plot`,
+`--tune`) are refused with the reason.
+
 """
 
 

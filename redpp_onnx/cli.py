@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "per channel or group of channels: 4-9%% fewer bits in 5-10x the time)")
     c.add_argument("--workers", type=int, metavar="N",
                    help="rate-distortion hashing: processes for the per-layer work (default: every available core "
-                        "on models of at least 2 M eligible weights, else 1); the output does not depend on it")
+                        "on models of at least 2 M eligible weights, else 1; streamed models: 1); the output does "
+                        "not depend on it")
     c.add_argument("--weight-error", type=float, metavar="EPS",
                    help="per-layer hashing instead: every layer within ||W~ - W|| / ||W|| <= EPS (the paper's "
                         "rule; 0.01 when another per-layer option is given)")
@@ -120,6 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "chosen so that ||W'-W||/||W|| <= EPS (changes the function; default 0 = exact)")
     c.add_argument("--portable", action="store_true",
                    help="emit the split computation with standard ONNX ops only (no custom-op library needed)")
+    c.add_argument("--stream", action="store_true",
+                   help="compress tensor by tensor whatever the model's size (the path models too large for "
+                        "memory take: per-layer hashing, plain storage, layer-wise check; docs/CLI.md)")
+    c.add_argument("--memory-limit", metavar="SIZE",
+                   help="memory the in-memory path may use (e.g. 8G; default: the memory available when the "
+                        "command starts); a model whose estimated peak (30x its bytes) exceeds it is streamed")
     c.add_argument("--no-verify", action="store_true", help="skip the check on seeded random inputs")
     c.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...",
                    help="the shape of an input whose dimensions the model leaves dynamic, for the verification, "
@@ -243,8 +250,14 @@ def _compress(args) -> int:
         plan.folder("--plot folder", args.plot)
         for name in PLOT_FILES:
             plan.write("figure", Path(args.plot) / name, replace=True)
-    plan.check()
     file_before = src.stat().st_size + sum(p.stat().st_size for p in external_in if p.is_file())
+    from .stream import parse_size, stream_reason
+
+    limit = parse_size(args.memory_limit) if args.memory_limit is not None else None
+    reason = stream_reason(file_before, forced=args.stream, memory_limit=limit)
+    if reason is not None:
+        return _compress_streaming(args, config, plan, src, dst, reason, file_before, bool(external_in))
+    plan.check()
 
     with tempfile.TemporaryDirectory(prefix="redpp-plots-") as plot_tmp:
         model, report = compress(src, config, progress=_Progress("hashing", not args.quiet),
@@ -290,6 +303,69 @@ def _compress(args) -> int:
         sys.stdout.write(f"wrote {dst}" + (f" and {args.report}" if args.report else "") + "\n")
         for path in report.plots or []:
             sys.stdout.write(f"wrote {path}\n")
+    return 0
+
+
+STREAM_REFUSED = (("--budget", "budget"), ("--target-bits", "target_bits"), ("--uniform-int8", "uniform_int8"),
+                  ("--calibrate", "calibrate"), ("--verify-data", "verify_data"), ("--max-rel-l2", "max_rel_l2"),
+                  ("--plot", "plot"), ("--codebook", "codebook"), ("--tune", "tune"), ("--verify-samples", "verify_samples"))
+
+
+def _compress_streaming(args, config, plan, src: Path, dst: Path, reason: str, file_before: int,
+                        external_in: bool) -> int:
+    """``compress`` through ``stream.py``: the model is read, hashed and written one tensor at a time
+    inside the output's staging (nothing is left behind on an error)."""
+    from .io import data_path
+    from .stream import STREAM_WORKERS, StreamOptions, compress_file
+
+    given = [flag for flag, attr in STREAM_REFUSED if getattr(args, attr, None) not in (None, False)]
+    given += ["--effort thorough"] if args.effort != "fast" else []
+    given += [f"--storage {args.storage}"] if args.storage != "standard" else []
+    if given:
+        raise RedppError(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} the in-memory path, which this model cannot take: {reason}; "
+                         "drop them (the streaming path hashes per layer, stores plainly and checks layer-wise) "
+                         "or raise --memory-limit")
+    hc = config.hash
+    skipped = []
+    if hc.method == "rd":
+        skipped.append("rate-distortion hashing (the default) needs onnxruntime runs of the whole model for its "
+                       f"sensitivities: the per-layer rule (--weight-error {hc.weight_error or 0.01:g}) is used instead")
+    if "hash" not in config.steps:
+        raise RedppError(f"the streaming path only hashes ({reason}); --steps {','.join(config.steps)} has no hash step")
+    other = [s for s in config.steps if s != "hash"]
+    if other:
+        skipped.append(f"{' and '.join(other)} skipped: they edit or run the whole graph, which the streaming path "
+                       "never holds")
+    if not args.plain:
+        skipped.append("codebook storage skipped (it holds every layer's codes in memory): hashed weights are written "
+                       "plainly in their own type, so the file keeps its size")
+    options = StreamOptions(weight_error=hc.weight_error if hc.weight_error is not None else 0.01,
+                            bandwidth_factor=hc.bandwidth_factor, nms_radius=hc.nms_radius, snap_zero=hc.snap_zero,
+                            include_depthwise=hc.include_depthwise,
+                            workers=args.workers if args.workers is not None else STREAM_WORKERS,
+                            seed=config.seed, reason=reason, skipped=skipped)
+    if not external_in:
+        plan.write("output model's external data", data_path(dst))
+    plan.check()
+    made = []
+
+    def write_model_file(staged):
+        files, report = compress_file(src, staged, options, file_bytes_before=file_before,
+                                      progress=_Progress("hashing", not args.quiet))
+        report.output = str(dst)
+        made.append(report)
+        return files
+
+    writers = [(dst, write_model_file)]
+    if args.report:
+        writers.append((Path(args.report), _text_writer(lambda: made[0].to_json())))
+    _commit(plan, writers, dst)
+    report = made[0]
+    if args.json:
+        sys.stdout.write(report.to_json())
+    elif not args.quiet:
+        sys.stdout.write(report.table())
+        sys.stdout.write(f"wrote {dst} and {data_path(dst)}" + (f" and {args.report}" if args.report else "") + "\n")
     return 0
 
 

@@ -25,6 +25,18 @@ PathLike = Union[str, os.PathLike]
 
 def load_model(path: PathLike) -> onnx.ModelProto:
     """Read an ONNX file (and its external data, if any)."""
+    model = load_graph(path)
+    p = Path(path)
+    try:
+        onnx.external_data_helper.load_external_data_for_model(model, str(p.parent))
+    except (OSError, ValueError, onnx.checker.ValidationError) as err:
+        raise RedppError(f"{p}: its external data cannot be read ({' '.join(str(err).split())})") from None
+    return model
+
+
+def load_graph(path: PathLike) -> onnx.ModelProto:
+    """Read an ONNX file without its external data (tensors stored outside keep their
+    references: :func:`read_external` reads one when it is needed)."""
     p = Path(path)
     if not p.exists():
         raise RedppError(f"{p}: no such file")
@@ -38,11 +50,49 @@ def load_model(path: PathLike) -> onnx.ModelProto:
         raise RedppError(f"{p}: cannot read ({err.strerror or err})") from None
     if not model.graph.node and not model.graph.initializer and not model.opset_import:
         raise RedppError(f"{p}: not an ONNX model (no graph, no opset)")
-    try:
-        onnx.external_data_helper.load_external_data_for_model(model, str(p.parent))
-    except (OSError, ValueError, onnx.checker.ValidationError) as err:
-        raise RedppError(f"{p}: its external data cannot be read ({' '.join(str(err).split())})") from None
     return model
+
+
+def external_entry(tensor: onnx.TensorProto) -> dict:
+    """``location``, ``offset`` (int), ``length`` (int or None) of a tensor stored outside the model."""
+    info = {e.key: e.value for e in tensor.external_data}
+    return {"location": info.get("location", ""), "offset": int(info.get("offset") or 0),
+            "length": int(info["length"]) if info.get("length") else None}
+
+
+def external_file(tensor: onnx.TensorProto, folder: PathLike) -> Path:
+    """The file holding ``tensor``'s data, inside ``folder`` (a location that leaves it is refused)."""
+    location = external_entry(tensor)["location"]
+    base = Path(folder).resolve()
+    path = (base / location).resolve()
+    if not location or Path(location).is_absolute() or base not in path.parents:
+        raise RedppError(f"tensor {tensor.name}: external data location {location!r} is not a file beside the model")
+    return path
+
+
+def read_external(tensor: onnx.TensorProto, folder: PathLike):
+    """The values of ``tensor`` (stored outside the model, in ``folder``) as a numpy array, read
+    without attaching them to the proto (the streaming path keeps one tensor in memory at a time)."""
+    import numpy as np
+
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
+    count = 1
+    for d in tensor.dims:
+        count *= int(d)
+    entry = external_entry(tensor)
+    path = external_file(tensor, folder)
+    if entry["length"] is not None and entry["length"] != count * dtype.itemsize:
+        raise RedppError(f"tensor {tensor.name}: its external data has {entry['length']} bytes for "
+                         f"{count} values of {dtype.name}")
+    try:
+        with open(path, "rb") as f:
+            f.seek(entry["offset"])
+            data = np.fromfile(f, dtype=dtype, count=count)
+    except OSError as err:
+        raise RedppError(f"{path}: cannot read the external data of {tensor.name} ({err.strerror or err})") from None
+    if data.size != count:
+        raise RedppError(f"{path}: the external data of {tensor.name} is truncated ({data.size} of {count} values)")
+    return data.reshape(tuple(int(d) for d in tensor.dims))
 
 
 def runtime_ir_version(model: onnx.ModelProto) -> int:

@@ -75,6 +75,22 @@ class LayerScan:
     refused: tuple[Refusal, ...]
 
 
+_EXTERNAL_BASE: list = []  # (folder, check values) of the models whose external data is read on demand
+
+
+@contextlib.contextmanager
+def external_data_in(folder, check_values: bool = True):
+    """Within the block, constants stored outside the model (not loaded) are read from ``folder``
+    when a pass asks for their values, one at a time (``redpp_onnx/stream.py``). With
+    ``check_values=False`` :func:`scan_layers` does not read such weights to check them (finite
+    values): the caller checks each as it reads it."""
+    _EXTERNAL_BASE.append((str(folder), check_values))
+    try:
+        yield
+    finally:
+        _EXTERNAL_BASE.pop()
+
+
 class ConstantTensors:
     """The model's constant tensors: initializers and ``Constant`` node values, by name."""
 
@@ -98,6 +114,10 @@ class ConstantTensors:
         proto = self.proto(name)
         if proto is None:
             raise KeyError(f"{name!r} is not a constant of the model (an initializer or a Constant node)")
+        if _EXTERNAL_BASE and proto.data_location == onnx.TensorProto.EXTERNAL:
+            from ..io import read_external
+
+            return read_external(proto, _EXTERNAL_BASE[-1][0])  # read, never attached to the proto
         return numpy_helper.to_array(proto)
 
     def floats(self, name: str) -> np.ndarray:
@@ -421,6 +441,8 @@ def _weight_problem(consts: "ConstantTensors", weight: str, op_type: str) -> Opt
         return f"Conv weight has rank {len(shape)} (expected [C_out, C_in/group, k...])"
     if any(d <= 0 for d in shape):
         return f"weight is empty (shape {list(shape)})"
+    if _EXTERNAL_BASE and not _EXTERNAL_BASE[-1][1] and proto.data_location == onnx.TensorProto.EXTERNAL:
+        return None  # read and checked by the caller (streaming)
     try:
         w = consts.array(weight)
     except (ValueError, KeyError, TypeError) as err:
@@ -429,9 +451,13 @@ def _weight_problem(consts: "ConstantTensors", weight: str, op_type: str) -> Opt
         return f"weight data has {w.size} values for shape {list(shape)}"
     finite = np.isfinite(w)
     if not finite.all():
-        return (f"weight has {int(w.size - finite.sum())} NaN/Inf value(s): left as it is "
-                "(the model's outputs are probably not finite either)")
+        return nonfinite_reason(int(w.size - finite.sum()))
     return None
+
+
+def nonfinite_reason(n: int) -> str:
+    """Why a weight with ``n`` NaN / Inf values is left as it is."""
+    return f"weight has {n} NaN/Inf value(s): left as it is (the model's outputs are probably not finite either)"
 
 
 def _bias_problem(consts: "ConstantTensors", node: onnx.NodeProto) -> Optional[str]:

@@ -346,9 +346,15 @@ def _binned_density(
     signature as :func:`_exact_density`).
     """
     # nearest grid point, counted from the first point of block 0's moment array (= -reach)
-    shifted = lat.coords + _REACH
-    nearest = (shifted + 0.5).astype(np.int64)
-    delta = shifted - nearest
+    core = _native()
+    coords = np.ascontiguousarray(lat.coords, np.float64)
+    if core is not None:
+        nearest, delta = core.kde_nearest(coords, float(_REACH))
+        counts = np.ascontiguousarray(counts, np.float64)
+    else:
+        shifted = coords + _REACH
+        nearest = (shifted + 0.5).astype(np.int64)
+        delta = shifted - nearest
     kernels = _kernels(bandwidth, total)
     kernel_fft: Dict[int, list] = {}
     span = CHUNK_POINTS - 2 * _REACH
@@ -358,21 +364,41 @@ def _binned_density(
         e = min(a + span, size)
         n_bins = e - a + 2 * _REACH
         i0, i1 = np.searchsorted(nearest, [a, a + n_bins])
-        idx = nearest[i0:i1] - a if a else nearest[i0:i1]
-        dlt = delta[i0:i1]
         nfft = 1 << max(int(n_bins - 1).bit_length(), 7)
         if nfft not in kernel_fft:
             kernel_fft[nfft] = [np.fft.rfft(k, nfft) for k in kernels]
         spectrum = np.zeros(nfft // 2 + 1, dtype=np.complex128)
-        moment = counts[i0:i1]
-        for kf in kernel_fft[nfft]:
-            spectrum += np.fft.rfft(np.bincount(idx, moment, minlength=n_bins), nfft) * kf
-            moment = moment * dlt
+        if core is not None:  # the same sums in one pass (csrc/module.cc)
+            moments = core.kde_moments(nearest, delta, counts, int(i0), int(i1), int(a), int(n_bins), TAYLOR_ORDER)
+            for row, kf in zip(moments, kernel_fft[nfft]):
+                spectrum += np.fft.rfft(row, nfft) * kf
+        else:
+            idx = nearest[i0:i1] - a if a else nearest[i0:i1]
+            dlt = delta[i0:i1]
+            moment = counts[i0:i1]
+            for kf in kernel_fft[nfft]:
+                spectrum += np.fft.rfft(np.bincount(idx, moment, minlength=n_bins), nfft) * kf
+                moment = moment * dlt
         full = np.fft.irfft(spectrum, nfft)
         yield a, full[2 * _REACH : 2 * _REACH + (e - a)]
         if e == size:
             return
         a = e - 1
+
+
+NATIVE = True
+"""Use the C++ binning of ``redpp_onnx._core`` when it is built (same numbers as the numpy form,
+several times faster on float32 tensors, whose values are nearly all distinct)."""
+
+
+def _native():
+    if not NATIVE:
+        return None
+    try:
+        from .. import _core
+    except ImportError:  # pragma: no cover - the package is built with it
+        return None
+    return _core if hasattr(_core, "kde_moments") else None
 
 
 def _exact_density(
@@ -749,8 +775,44 @@ def hash_tensor(
     if w32.size == 0:
         return _unchanged(w32, "empty tensor")
     v32, inv, counts = np.unique(w32.ravel(), return_inverse=True, return_counts=True)
+    found = hash_distinct(v32, counts, eps=eps, bandwidth_factor=bandwidth_factor, tau=tau, snap_zero=snap_zero)
+    if found.reason is not None:
+        return _unchanged(w32, found.reason, evaluations=found.evaluations)
+    v = v32.astype(np.float64)
+    fields = _codebook_result_fields(w32, found.values, inv, v, counts.astype(np.float64))
+    return HashResult(**fields, reason=None, **found.details(fields["codebook"], v, counts.astype(np.float64)))
+
+
+@dataclass(frozen=True, eq=False)
+class DistinctHash:
+    """What :func:`hash_distinct` gives each distinct value: ``values`` (float32, one per distinct
+    value; None when the tensor is left as it is, ``reason`` then says why), and the choice."""
+
+    values: Optional[np.ndarray]
+    reason: Optional[str]
+    evaluations: int
+    part: Optional[Partition] = None
+    factor: Optional[float] = None
+    snapped_zero: bool = False
+
+    def details(self, codebook: np.ndarray, v: np.ndarray, counts: np.ndarray) -> dict:
+        """The :class:`HashResult` fields beyond :class:`QuantResult`'s (``v`` float64 distinct values)."""
+        part = self.part
+        bound_a = _bound_a(v, counts, codebook)
+        bound_b = part.bandwidth / _SQRT_2PI * (math.sqrt(2.0 / math.pi) + math.sqrt(3.0))
+        return dict(bandwidth=part.bandwidth, factor=self.factor, n_modes=part.n_cells, snapped_zero=self.snapped_zero,
+                    bound_a=bound_a, bound_b=bound_b, bound=min(bound_a, bound_b), grid_size=part.grid_size,
+                    evaluations=self.evaluations)
+
+
+def hash_distinct(v32: np.ndarray, counts: np.ndarray, *, eps: float, bandwidth_factor: Optional[float] = None,
+                  tau: float = 0.0, snap_zero: bool = False) -> DistinctHash:
+    """The core of :func:`hash_tensor` on a tensor given by its sorted distinct float32 values
+    ``v32`` and their counts (options checked by the caller): the new value of each distinct
+    value. Streaming reads float16 / bfloat16 tensors this way, from a histogram of their bit
+    patterns, without sorting the weights (``redpp_onnx/stream.py``)."""
     if len(v32) < 3:
-        return _unchanged(w32, f"fewer than 3 distinct values ({len(v32)})")
+        return DistinctHash(None, f"fewer than 3 distinct values ({len(v32)})", 0)
     v = v32.astype(np.float64)
     counts = counts.astype(np.float64)
     sq_norm = float(np.dot(counts, v * v))
@@ -780,31 +842,12 @@ def hash_tensor(
             chosen = _search(evaluate, f_max, lambda c: c.sq_plain <= limit)
         if chosen is None:
             e1 = math.sqrt(cache[1.0].sq_plain / sq_norm)
-            return _unchanged(
-                w32,
-                f"no bandwidth factor f >= 1 keeps the relative error within {eps:g} "
-                f"(f = 1 gives {e1:.4g})",
-                evaluations=len(cache),
-            )
+            return DistinctHash(None, f"no bandwidth factor f >= 1 keeps the relative error within {eps:g} "
+                                      f"(f = 1 gives {e1:.4g})", len(cache))
 
     part = chosen.part
     cell_values = chosen.modes32.copy()
     if snap:
         cell_values[chosen.zero_cell] = 0.0
-    hashed_of_unique = np.repeat(cell_values.astype(np.float32), part.sizes)
-    fields = _codebook_result_fields(w32, hashed_of_unique, inv, v, counts)
-    bound_a = _bound_a(v, counts, fields["codebook"])
-    bound_b = part.bandwidth / _SQRT_2PI * (math.sqrt(2.0 / math.pi) + math.sqrt(3.0))
-    return HashResult(
-        **fields,
-        reason=None,
-        bandwidth=part.bandwidth,
-        factor=chosen.factor,
-        n_modes=part.n_cells,
-        snapped_zero=snap,
-        bound_a=bound_a,
-        bound_b=bound_b,
-        bound=min(bound_a, bound_b),
-        grid_size=part.grid_size,
-        evaluations=len(cache),
-    )
+    return DistinctHash(np.repeat(cell_values.astype(np.float32), part.sizes), None, len(cache), part,
+                        chosen.factor, snap)

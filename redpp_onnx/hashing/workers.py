@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence
 
 POOL_MIN_WEIGHTS = 2_000_000
 """Below this many eligible weights the default is one process: starting a worker (a fresh
@@ -119,3 +119,39 @@ def pmap(func: Callable, tasks: Sequence, shared, workers: int, progress: Option
         finally:
             _STATE = prev
     return out
+
+
+def imap_ordered(func: Callable, tasks: Iterable, workers: int, window: Optional[int] = None) -> Iterator:
+    """``func(t)`` for each of ``tasks`` (an iterable, consumed as results are taken), yielded in task
+    order: in this process when ``workers <= 1``, else in a pool of ``workers`` spawned processes
+    with at most ``window`` tasks (default ``workers + 1``) submitted and not yet taken, so that
+    the tasks' inputs and results in memory stay bounded (the streaming path: one tensor a task).
+    A task's exception is raised with its own type; an interruption ends the workers at once."""
+    if workers <= 1:
+        for t in tasks:
+            yield func(t)
+        return
+    from collections import deque
+    from concurrent.futures import ProcessPoolExecutor
+
+    window = max(1, window or workers + 1)
+    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init, initargs=(None,))
+    pending: deque = deque()
+    source = iter(tasks)
+    try:
+        for t in source:
+            pending.append(pool.submit(func, t))
+            if len(pending) >= window:
+                break
+        while pending:
+            value = pending.popleft().result()
+            for t in source:
+                pending.append(pool.submit(func, t))
+                break
+            yield value
+    except BaseException:  # Ctrl-C, SIGTERM, an error in a task or in the caller: end the workers now
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            proc.terminate()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
