@@ -146,6 +146,12 @@ def _session(model: onnx.ModelProto, outputs: List[str]):
     del g.initializer[:]
     g.initializer.extend(inits)
     types = {v.name: v.type.tensor_type.elem_type for v in list(g.value_info) + list(g.input) + list(g.output)}
+    if any(not types.get(name) for name in outputs):  # the element types of the cut: from shape inference
+        try:
+            inferred = onnx.shape_inference.infer_shapes(m).graph.value_info
+            types.update({v.name: v.type.tensor_type.elem_type for v in inferred})
+        except Exception:  # noqa: BLE001 -- a graph the checker cannot type: float32 below
+            pass
     del g.output[:]
     for name in outputs:
         g.output.append(helper.make_tensor_value_info(name, types.get(name) or onnx.TensorProto.FLOAT, None))
@@ -168,13 +174,16 @@ def _renormalized(model: onnx.ModelProto) -> onnx.ModelProto:
         if n.op_type != "BatchNormalization" or n.input[3] not in consts or n.input[4] not in consts:
             nodes.append(n)
             continue
-        mean = numpy_helper.to_array(consts[n.input[3]]).astype(np.float32).ravel()
-        var = numpy_helper.to_array(consts[n.input[4]]).astype(np.float32).ravel()
+        stored = numpy_helper.to_array(consts[n.input[3]])
+        dtype = stored.dtype  # the BatchNorm's own type (float16 models: float16 constants)
+        mean = stored.astype(np.float64).ravel()
+        var = numpy_helper.to_array(consts[n.input[4]]).astype(np.float64).ravel()
         p = f"_redpp_rn{k}_"
         shape = (1, -1, 1, 1)
-        g.initializer.extend([numpy_helper.from_array(mean.reshape(shape), p + "mu"),
-                              numpy_helper.from_array(np.sqrt(var).reshape(shape), p + "sd"),
-                              numpy_helper.from_array(np.array(1e-12, np.float32), p + "eps")])
+        tiny = 1e-12 if dtype != np.float16 else 1e-7
+        g.initializer.extend([numpy_helper.from_array(mean.reshape(shape).astype(dtype), p + "mu"),
+                              numpy_helper.from_array(np.sqrt(var).reshape(shape).astype(dtype), p + "sd"),
+                              numpy_helper.from_array(np.array(tiny, dtype), p + "eps")])
         if opset >= 18:
             g.initializer.append(numpy_helper.from_array(np.array([0, 2, 3], np.int64), p + "ax"))
 
@@ -220,11 +229,13 @@ def twin(model: onnx.ModelProto, stats: Dict[int, tuple]) -> onnx.ModelProto:
     """The model with each BatchNorm's running statistics replaced by ``stats`` (own copies)."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
+    consts = {t.name: t for t in m.graph.initializer}
     for k, (mean, var) in stats.items():
         n = m.graph.node[k]
         for idx, arr in ((3, mean), (4, var)):
             name = f"{n.input[idx]}_redpp_twin{k}"
-            m.graph.initializer.append(numpy_helper.from_array(arr.astype(np.float32), name))
+            dtype = numpy_helper.to_array(consts[n.input[idx]]).dtype
+            m.graph.initializer.append(numpy_helper.from_array(arr.astype(dtype), name))
             n.input[idx] = name
     return m
 
