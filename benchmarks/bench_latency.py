@@ -53,6 +53,9 @@ def main(argv=None):
     ap.add_argument("--models", nargs="*", default=list(MODELS))
     ap.add_argument("--target-macs", nargs="*", type=float, default=None,
                     help="time compress --target-macs F outputs instead of the default / split all ones")
+    ap.add_argument("--channel-multiple", nargs="*", type=int, default=[8],
+                    help="with --target-macs: kept channel counts multiples of each N given (8: AVX2's NCHWc block, "
+                         "16: AVX-512's)")
     args = ap.parse_args(argv)
     default_steps = CompressConfig().steps
     variants = {"A/A control": None,  # the original against itself: the measurement's own noise
@@ -62,7 +65,9 @@ def main(argv=None):
     if args.target_macs:
         variants = {"A/A control": None}
         for f in args.target_macs:
-            variants[f"target-macs {f:g}"] = CompressConfig(merge=MergeConfig(target_macs=f), verify=False)
+            for n in args.channel_multiple:
+                label = f"target-macs {f:g}" + ("" if n == 8 else f" (multiples of {n})")
+                variants[label] = CompressConfig(merge=MergeConfig(target_macs=f, channel_multiple=n), verify=False)
     rows = []
     print(f"default steps: {','.join(default_steps)}; onnxruntime {onnxruntime.__version__}")
     print(f"{'model':34} {'variant':10} {'batch':>5} {'thr':>3} {'orig ms':>9} {'emitted ms':>10} {'ratio':>6} "

@@ -270,8 +270,10 @@ def section_latency_reduce(data) -> list[str]:
     if not rows:
         return []
     out = ["## Speed of the channel-reduced outputs (issue 12, point 2)", "",
-           "Command: `python benchmarks/bench_latency.py --models cifar10_resnet56.onnx --target-macs 0.7 0.65 --out "
-           f"benchmarks/results/latency_reduce.json`; onnxruntime {data['meta']['onnxruntime']}, the output of "
+           "Command: `python benchmarks/bench_latency.py --models cifar10_resnet56.onnx --target-macs 0.7 0.65 "
+           "--channel-multiple 8 16 --out benchmarks/results/latency_reduce.json` (this machine: AVX-512, where "
+           "onnxruntime's NCHWc Conv works in blocks of 16 channels; kept counts in multiples of 8 leave 24- and "
+           f"56-channel layers that it pads); onnxruntime {data['meta']['onnxruntime']}, the output of "
            "`compress --target-macs F` (reduction with the refit, then the default hashing and storage) against the "
            f"original in the same process, median of {data['meta']['repeat']} pooled alternating runs, next to the "
            "A/A control (the original against itself: the benchmark's own noise). Ratio = original / output time "

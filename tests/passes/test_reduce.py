@@ -252,3 +252,20 @@ def test_a_channel_dead_in_training_is_its_constant_and_pruned_exactly():
     assert (row.channels_after, row.pruned) == (7, 1) and row.cost == 0.0
     x = _x()
     assert _rel(_run(model, x), _run(res.model, x)) < 1e-6
+
+
+def test_cli_channel_multiple(tmp_path, capsys):
+    """--channel-multiple 16 (onnxruntime's NCHWc block on AVX-512): kept counts are multiples of 16."""
+    import json
+
+    src = tmp_path / "m.onnx"
+    src.write_bytes(_residual(c=32).SerializeToString())
+    report = tmp_path / "r.json"
+    assert main(["compress", str(src), "-o", str(tmp_path / "o.onnx"), "--target-macs", "0.8", "--channel-multiple",
+                 "16", "--report", str(report), "-q"]) == 0
+    layers = [l["merge"] for l in json.loads(report.read_text())["layers"] if l.get("merge")]
+    cut = [l for l in layers if l["channels_after"] < l["channels_before"]]
+    assert [l["channels_after"] for l in cut] == [16]
+    assert main(["compress", str(src), "-o", str(tmp_path / "x.onnx"), "--target-macs", "0.8",
+                 "--channel-multiple", "0"]) == 2
+    assert "--channel-multiple" in capsys.readouterr().err and not (tmp_path / "x.onnx").exists()
