@@ -92,8 +92,7 @@ def synthetic_feeds(model: onnx.ModelProto, images: int, seed: int = 0) -> List[
     shapes = static_shapes(model)
     inits = {t.name for t in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in inits]
-    per_sample = max(sum(math.prod(shapes[i.name][1:]) for i in inputs if shapes.get(i.name)), 1)
-    batch = max(1, min(images, BATCH_ELEMENTS // per_sample))
+    batch = max(1, min(images, BATCH_ELEMENTS // _values_per_sample(model, shapes)))
     fixed = next((shapes[i.name][0] for i in inputs if shapes.get(i.name) and isinstance(shapes[i.name][0], int)
                   and i.type.tensor_type.shape.dim[0].HasField("dim_value")), None)
     if fixed:  # an export with a static batch runs in batches of that size
@@ -117,12 +116,15 @@ def images_needed(model: onnx.ModelProto, fits: List[tuple]) -> int:
     """The rule above: ``fits`` = [(features, output positions per image)]."""
     from ..analysis.layers import static_shapes
 
-    shapes = static_shapes(model)
-    inits = {t.name for t in model.graph.initializer}
-    per_sample = max(sum(math.prod(shapes[i.name][1:]) for i in model.graph.input
-                         if i.name not in inits and shapes.get(i.name)), 1)
     want = max([math.ceil(ROWS_PER_FEATURE * f / max(p, 1)) for f, p in fits] + [MIN_IMAGES])
-    return int(max(1, min(want, MAX_INPUT_ELEMENTS // per_sample)))
+    return int(max(1, min(want, MAX_INPUT_ELEMENTS // _values_per_sample(model, static_shapes(model)))))
+
+
+def _values_per_sample(model: onnx.ModelProto, shapes: dict) -> int:
+    """Input values of one sample (every graph input that is not a constant, at its static shape)."""
+    inits = {t.name for t in model.graph.initializer}
+    return max(sum(math.prod(shapes[i.name][1:]) for i in model.graph.input
+                   if i.name not in inits and shapes.get(i.name)), 1)
 
 
 # --------------------------------------------------------------------------- the twin
