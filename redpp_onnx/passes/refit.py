@@ -93,10 +93,7 @@ def synthetic_feeds(model: onnx.ModelProto, images: int, seed: int = 0) -> List[
     inits = {t.name for t in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in inits]
     batch = max(1, min(images, BATCH_ELEMENTS // _values_per_sample(model, shapes)))
-    fixed = next((shapes[i.name][0] for i in inputs if shapes.get(i.name) and isinstance(shapes[i.name][0], int)
-                  and i.type.tensor_type.shape.dim[0].HasField("dim_value")), None)
-    if fixed:  # an export with a static batch runs in batches of that size
-        batch = fixed
+    batch = rd._fixed_batch(model) or batch  # an export with a static batch runs in batches of that size
     rng = np.random.default_rng(seed)
     feeds = []
     for b in range(max(1, images // batch)):

@@ -162,3 +162,11 @@ def test_too_few_synthetic_rows_per_unknown_is_refused_with_the_reason():
     off = R.reduce_channels(model, R.ReduceConfig(alpha=0.25, strategy="uniform", multiple=1, refit=False))
     x = {"x": np.random.default_rng(3).standard_normal((4, 3, SIZE, SIZE)).astype(np.float32)}
     np.testing.assert_array_equal(_run(res.model, x)[0], _run(off.model, x)[0])  # left as the compensation made it
+
+
+def test_an_export_with_a_static_batch_gets_synthetic_batches_of_that_size():
+    g = GraphBuilder(2)
+    y = g.conv(g.node("Relu", [g.bn(g.conv("x", 3, 6, bias=False), 6)]), 6, 4)
+    model = g.model([2, 3, SIZE, SIZE], y)
+    feeds = RF.synthetic_feeds(model, 10)
+    assert len(feeds) == 5 and all(f["x"].shape == (2, 3, SIZE, SIZE) for f in feeds)
