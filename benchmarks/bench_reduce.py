@@ -3,9 +3,12 @@
 Per shared model, every method removes channels of the same groups (``passes/reduce.py``:
 single-producer groups whose consumers are Conv / Gemm / MatMul) and is measured by the same code:
 
-* **ours** (``--target-macs F``, rule ``redpp``: moment-walk statistics, pruning or scale-matched
-  merging with mean compensation, global cost-per-MAC order), F in ``TARGETS``, kept channel counts
-  multiples of 8 (the default: onnxruntime's Conv blocks) and in any count (``multiple = 1``);
+* **ours** (``--target-macs F``, rule ``redpp``, the defaults: the twin-measured plan where it
+  applies, ``passes/twin_plan.py``, else the closed-form one: moment-walk statistics, pruning or
+  scale-matched merging with mean compensation, global cost-per-MAC order; then the refit), F in
+  ``TARGETS``, kept channel counts multiples of 8 (the default: onnxruntime's Conv blocks) and in any
+  count (``multiple = 1``); and ours with the closed-form plan (``--reduce-plan cost``) and without
+  the refit (``--no-refit``, closed-form plan);
 * **L1 pruning**: the same share of every group's channels with the smallest filter L1 norm,
   pruned, no compensation (``_reduce_baselines.l1_decisions``);
 * **Neuron-Merging-style**: the same L1 selection, merged BatchNorm-aware into the most similar
@@ -58,9 +61,10 @@ SHARES = (0.1, 0.2, 0.3, 0.4, 0.5)
 OLD_ALPHAS = (0.0003, 0.001, 0.003)
 OURS8, OURS1 = "ours (redpp, multiples of 8)", "ours (redpp, any count)"
 NOFIT8, NOFIT1 = "ours without refit (multiples of 8)", "ours without refit (any count)"
+COST8 = "ours, closed-form plan (multiples of 8)"
 BLOCK, COUPLED = "ours, per-block α (multiples of 8)", "ours + residual-coupled groups (multiples of 8)"
 L1, NM, OLD = "L1 pruning", "Neuron-Merging-style", "old percentile rule"
-METHODS = (OURS8, OURS1, NOFIT8, NOFIT1, BLOCK, COUPLED, L1, NM, OLD)
+METHODS = (OURS8, OURS1, COST8, NOFIT8, NOFIT1, BLOCK, COUPLED, L1, NM, OLD)
 BLOCK_ALPHAS = (0.1, 0.2, 0.3, 0.4)
 COUPLED_TARGETS = (0.95, 0.9, 0.85, 0.8)
 SYNTHETIC_SAMPLES = 64
@@ -134,6 +138,7 @@ def plot(key, rows, ref_top1, bar, path: Path):
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(15, 5.5), gridspec_kw={"width_ratios": [1, 1.2]})
     styles = {OURS8: dict(color="black", lw=2.2, marker="o"), OURS1: dict(color="black", lw=1.2, ls="--", marker="s"),
               NOFIT8: dict(color="tab:purple", lw=1.2, marker="o", ms=4),
+              COST8: dict(color="tab:brown", lw=1.2, marker="o", ms=4),
               NOFIT1: dict(color="tab:purple", lw=1, ls="--", marker="s", ms=4),
               BLOCK: dict(color="grey", lw=1.2, ls=":", marker="D"), COUPLED: dict(color="tab:green", lw=1, marker="*"),
               L1: dict(color="tab:blue", marker="v"), NM: dict(color="tab:orange", marker="^"),
@@ -180,9 +185,13 @@ def run_model(key, shared: Path, cache: Path, figures: Path, targets=TARGETS, va
     twin_seconds = time.perf_counter() - t1
     print(f"  synthetic twin: {twin.images} images, {twin_seconds:.1f} s", flush=True)
     rows = []
-    for label, multiple, refit in ((OURS8, 8, True), (OURS1, 1, True), (NOFIT8, 8, False), (NOFIT1, 1, False)):
+    for label, multiple, refit, how in ((OURS8, 8, True, "auto"), (OURS1, 1, True, "auto"), (COST8, 8, True, "cost"),
+                                        (NOFIT8, 8, False, "auto"), (NOFIT1, 1, False, "auto")):
         for f in targets:
-            res = R.reduce_channels(model, R.ReduceConfig(target_macs=f, multiple=multiple, refit=refit), twin=twin)
+            res = R.reduce_channels(model, R.ReduceConfig(target_macs=f, multiple=multiple, refit=refit, plan=how),
+                                    twin=twin)
+            if label == OURS8 and f == targets[0]:
+                print(f"  {res.notes[0]}", flush=True)
             shares = [{"layer": l.name, "before": l.channels_before, "after": l.channels_after,
                        "pruned": l.pruned, "merged": l.merged} for l in res.layers if l.channels_before]
             rows.append(point(label, f"F = {f:g}", res.model, ev, drift, macs0, params0, target_macs=f,

@@ -97,13 +97,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "their mean compensated, data-free (changes the function)")
     c.add_argument("--target-macs", type=float, metavar="F",
                    help="merge: keep at most the share F of the eligible MACs (e.g. 0.8), removing the channels "
-                        "whose predicted output cost per MAC saved is smallest, at most half of any layer's, "
-                        "then refits the Convs that read them on synthetic inputs (data-free; changes the "
-                        "function; runs before hashing)")
+                        "that cost least per MAC saved (measured on a synthetic twin with the refit, or by a "
+                        "closed-form cost: --reduce-plan), at most half of any layer's, then refits the Convs "
+                        "that read them on synthetic inputs (data-free; changes the function; runs before hashing)")
     c.add_argument("--channel-multiple", type=int, default=8, metavar="N",
                    help="with --target-macs / --alpha (rule redpp): kept channel counts are multiples of N "
                         "(default 8: onnxruntime's Conv blocks on AVX2; 16 runs faster on AVX-512 CPUs, at more cost "
                         "to accuracy; 1: any count)")
+    c.add_argument("--reduce-plan", choices=("auto", "cost"), default="auto",
+                   help="with --target-macs / --alpha and the refit: auto (default) chooses the channels and each "
+                        "layer's count on the synthetic twin with the refit in the loop where every reducible group "
+                        "is direct (producer, BatchNorm, activation, consumer), else the closed-form cost; cost: "
+                        "the closed-form cost only")
     c.add_argument("--no-refit", action="store_true",
                    help="with --target-macs / --alpha (rule redpp): keep the mean compensation only, do not refit "
                         "the consumer Convs on the synthetic twin")
@@ -215,7 +220,7 @@ def _compress(args) -> int:
                         include_depthwise=args.include_depthwise, budget=args.budget, target_bits=args.target_bits,
                         effort=args.effort, workers=args.workers),
         merge=MergeConfig(alpha=args.alpha, strategy=args.merge_strategy, target_macs=args.target_macs,
-                          refit=not args.no_refit, channel_multiple=args.channel_multiple,
+                          refit=not args.no_refit, channel_multiple=args.channel_multiple, plan=args.reduce_plan,
                           rule=args.merge_rule),
         calibrate=args.calibrate, max_drop=args.max_drop,
         split=SplitConfig(mode=args.split, portable=args.portable, tune=args.tune, tolerance=args.split_tolerance),

@@ -92,6 +92,8 @@ class MergeConfig:
     #                             pruning / scale-matched merging with mean compensation, passes/reduce.py)
     #                             or "percentile" (the old rule: barycenters of close channels, for comparison)
     refit: bool = True          # rule redpp: the consumer Convs refitted on a synthetic twin (passes/refit.py)
+    plan: str = "auto"          # rule redpp with refit: "auto" (measured on the twin where it applies,
+    #                             passes/twin_plan.py) or "cost" (the closed-form cost only)
     channel_multiple: int = 8   # rule redpp: kept channel counts are multiples of this (onnxruntime's NCHWc block:
     #                             8 with AVX2, 16 with AVX-512; 8 serves both, 16 is faster on AVX-512, measured)
 
@@ -111,6 +113,8 @@ class MergeConfig:
             raise RedppError(f"merge tolerance must be a non-negative number, got {t!r}")
         if self.rule not in RULES:
             raise RedppError(f"--merge-rule must be one of {', '.join(RULES)}, got {self.rule!r}")
+        if self.plan not in ("auto", "cost"):
+            raise RedppError(f"--reduce-plan must be auto or cost, got {self.plan!r}")
         m = self.channel_multiple
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
             raise RedppError(f"--channel-multiple must be a positive whole number, got {m!r}")
@@ -309,12 +313,9 @@ class MergePass:
         t0 = time.perf_counter()
         if self.progress:
             self.progress(0, 1, "channel statistics")
-        step = None
-        if self.progress:
-            def step(i, n):
-                self.progress(i, n, "refitting consumers")
         res = reduce_channels(model, ReduceConfig(alpha=c.alpha, strategy=c.strategy, target_macs=c.target_macs,
-                                                  refit=c.refit, multiple=c.channel_multiple), progress=step)
+                                                  refit=c.refit, multiple=c.channel_multiple, plan=c.plan),
+                              progress=self.progress)
         refits = {r.name: r for r in res.refit}
         before, after = scan_layers(model), {l.node: l for l in scan_layers(res.model).layers}
         info = {r.name: r for r in res.layers}

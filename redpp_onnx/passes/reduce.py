@@ -49,7 +49,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import onnx
 
-from ..analysis.coupling import CONSUMER, PER_CHANNEL, PRODUCER, TRANSPARENT_UNARY, analyze_coupling
+from ..analysis.coupling import PER_CHANNEL, PRODUCER, TRANSPARENT_UNARY, analyze_coupling
 from ..analysis.layers import ConstantTensors, scan_layers
 from ..errors import RedppError
 from .editors import ChannelEdit, EditContext, apply
@@ -60,6 +60,7 @@ MERGE_MARGIN = 0.5
 of the pruned channel's: the correlation of two channels is estimated with isotropic inputs,
 which overstates it (measured: merging at equal predicted cost lost more top-1 than pruning)."""
 ORDERS = ("cost", "cost_per_mac")
+PLANS = ("auto", "cost")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +83,8 @@ class ReduceConfig:
     refit: bool = True                 # the consumer Convs refitted by least squares on a synthetic twin
     #                                    (passes/refit.py, data-free); False: mean compensation only
     refit_images: Optional[int] = None # synthetic images for the refit (None: refit.images_needed's rule)
+    plan: str = "auto"                 # with refit: "auto" = measured on the twin where it applies
+    #                                    (passes/twin_plan.py), "cost" = the closed-form cost only
 
     def __post_init__(self):
         if not 0 <= float(self.alpha) <= 1:
@@ -96,6 +99,8 @@ class ReduceConfig:
             raise RedppError(f"multiple must be a positive integer, got {self.multiple!r}")
         if self.scale not in ("group", "bn"):
             raise RedppError(f"scale must be group or bn, got {self.scale!r}")
+        if self.plan not in PLANS:
+            raise RedppError(f"plan must be one of {', '.join(PLANS)}, got {self.plan!r}")
         if self.order not in ORDERS:
             raise RedppError(f"order must be one of {', '.join(ORDERS)}, got {self.order!r}")
 
@@ -372,9 +377,12 @@ def _options(gr: _Group, j: int, removed: set, allow_merge: bool):
     return best
 
 
-def plan(model: onnx.ModelProto, config: ReduceConfig, coupling=None):
+def plan(model: onnx.ModelProto, config: ReduceConfig, coupling=None, twin=None, notes: Optional[list] = None,
+         progress=None):
     """The channels to remove: ``(groups, decisions, reasons, macs_total)`` where ``decisions[g]``
-    lists ``(j, partner or None, scale, relative cost)`` per group (indices into its classes)."""
+    lists ``(j, partner or None, scale, relative cost)`` per group (indices into its classes).
+    With ``twin`` (and ``config.plan`` not "cost"), the twin-measured plan of
+    :mod:`redpp_onnx.passes.twin_plan` where it applies (what was used goes into ``notes``)."""
     coupling = coupling or analyze_coupling(model)
     consts = ConstantTensors(model)
     scan = scan_layers(model)
@@ -435,7 +443,38 @@ def plan(model: onnx.ModelProto, config: ReduceConfig, coupling=None):
         return [r for r in range(1, n_seq + 1) if (c - r) % config.multiple == 0]
 
     seqs = [sequence(k) for k in range(len(groups))]
-    if config.target_macs is None:
+    table = None
+    if twin is not None and config.plan != "cost":
+        from . import twin_plan as TP
+
+        why = TP.unavailable(groups, twin)
+        if why is None:
+            key = ("twin_plan", config.max_share, config.scale, config.coupled, config.merge)
+            if key not in twin.memo:  # one measurement serves every target on this twin
+                moments = TP.consumer_moments(twin, [c.node for gr in groups for c, _, _ in gr.consumers])
+                twin.memo[key] = (moments,) + TP.sequences(model, groups, seqs, moments, config.max_share)
+            moments, seqs, n_elim = twin.memo[key]
+            if config.target_macs is not None:
+                tkey = key + (config.multiple,)
+                if tkey not in twin.memo:
+                    tcoupling, tgroups = _regroup(twin.model, config, groups)
+                    twin.memo[tkey] = TP.drift_table(twin, tcoupling, tgroups, seqs, reasons, macs_total, moments,
+                                                     config.multiple, progress)
+                table = twin.memo[tkey]
+            if notes is not None:
+                notes.append(f"plan measured on the synthetic twin: channels of {n_elim} of {len(groups)} group(s) "
+                             "chosen by least-squares backward elimination on the refitted consumer"
+                             + (f", counts per group by the logit drift of {len(table)} options measured one group "
+                                "at a time (least summed drift for the target)" if table is not None else ""))
+        elif notes is not None:
+            notes.append(f"closed-form plan (twin-measured plan not used: {why})")
+    if table is not None:
+        from . import twin_plan as TP
+
+        counts_, _ = TP.allocate(len(groups), table, (1.0 - float(config.target_macs)) * macs_total)
+        for k in range(len(groups)):
+            decisions[k] = seqs[k][:counts_[k]]
+    elif config.target_macs is None:
         for k, gr in enumerate(groups):
             want = int(math.floor(config.alpha_for(gr.layer_index, n_layers) * len(gr.classes)))
             ok = [r for r in counts(k, len(seqs[k])) if r <= want]
@@ -492,8 +531,23 @@ def reduce_channels(model: onnx.ModelProto, config: ReduceConfig, progress=None,
     :func:`refit_twin`); ``model`` is not changed."""
     t0 = time.perf_counter()
     coupling = analyze_coupling(model)
-    groups, decisions, reasons, macs_total = plan(model, config, coupling)
+    plan_notes: List[str] = []
+    if config.refit and config.plan != "cost" and twin is None:
+        from . import refit as RF
+
+        try:
+            twin = refit_twin(model, config)
+        except RF.RefitUnavailable as err:
+            plan_notes.append(f"closed-form plan (no synthetic twin: {err})")
+
+    def step(i, n):
+        if progress is not None:
+            progress(i, n, "measuring the plan on the synthetic twin")
+
+    groups, decisions, reasons, macs_total = plan(model, config, coupling, twin if config.refit else None, plan_notes,
+                                                  step)
     result = apply_plan(model, coupling, groups, decisions, reasons, macs_total, compensate=config.compensate)
+    result.notes[:0] = plan_notes
     if config.refit and any(decisions[k] for k in decisions):
         from . import refit as RF
 
@@ -505,7 +559,9 @@ def reduce_channels(model: onnx.ModelProto, config: ReduceConfig, progress=None,
 
         try:
             rows, notes, drift = RF.refit(model, result.model, same_edit, consumers, twin,
-                                          images=config.refit_images, progress=progress)
+                                          images=config.refit_images,
+                                          progress=None if progress is None else
+                                          (lambda i, n: progress(i, n, "refitting consumers")))
         except RF.RefitUnavailable as err:
             rows, notes, drift = [], [f"refit skipped: {err} (mean compensation only)"], None
         result.refit = rows

@@ -279,6 +279,7 @@ class Twin:
     model: onnx.ModelProto
     feeds: List[dict]
     has_bn: bool
+    memo: dict = dataclasses.field(default_factory=dict)  # measurements on this twin (twin_plan), by their settings
 
     @property
     def images(self) -> int:

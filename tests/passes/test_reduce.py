@@ -104,7 +104,7 @@ def test_scale_matching_is_exact_for_a_homogeneous_activation(act):
     gr = groups[k]
     assert {gr.classes[j], gr.classes[partner]} == {6, 2}
     assert s == pytest.approx(2.5 if gr.classes[j] == 6 else 0.4, rel=1e-5) and cost < 1e-9
-    res = R.reduce_channels(model, R.ReduceConfig(alpha=0.125, strategy="uniform", multiple=1))
+    res = R.reduce_channels(model, R.ReduceConfig(alpha=0.125, strategy="uniform", multiple=1, plan="cost"))
     assert sum(r.merged for r in res.layers) == 1 and sum(r.pruned for r in res.layers) == 0
     x = _x()
     assert _rel(_run(model, x), _run(res.model, x)) < 1e-5
@@ -249,7 +249,7 @@ def test_a_channel_dead_in_training_is_its_constant_and_pruned_exactly():
     assert st.var[0] == pytest.approx(1.0 / (1.0 + 1e-3))
     res = R.reduce_channels(model, R.ReduceConfig(alpha=0.125, strategy="uniform", multiple=1))
     row = next(r for r in res.layers if r.pruned + r.merged)
-    assert (row.channels_after, row.pruned) == (7, 1) and row.cost == 0.0
+    assert (row.channels_after, row.pruned) == (7, 1) and row.cost < 1e-12  # both plans: it costs nothing
     x = _x()
     assert _rel(_run(model, x), _run(res.model, x)) < 1e-6
 
@@ -269,3 +269,24 @@ def test_cli_channel_multiple(tmp_path, capsys):
     assert main(["compress", str(src), "-o", str(tmp_path / "x.onnx"), "--target-macs", "0.8",
                  "--channel-multiple", "0"]) == 2
     assert "--channel-multiple" in capsys.readouterr().err and not (tmp_path / "x.onnx").exists()
+
+
+def test_cli_reduce_plan_says_which_plan_it_used(tmp_path, capsys):
+    """--reduce-plan auto (default) measures the plan on the twin for a direct model and says so in the
+    report's notes; --reduce-plan cost keeps the closed-form plan; a wrong value is refused."""
+    import json
+
+    src = tmp_path / "m.onnx"
+    src.write_bytes(_residual(c=32).SerializeToString())
+    notes = {}
+    for how in ("auto", "cost"):
+        report = tmp_path / f"{how}.json"
+        assert main(["compress", str(src), "-o", str(tmp_path / f"{how}.onnx"), "--target-macs", "0.8",
+                     "--reduce-plan", how, "--report", str(report), "-q"]) == 0
+        notes[how] = " ".join(json.loads(report.read_text())["notes"])
+    assert "plan measured on the synthetic twin" in notes["auto"]
+    assert "plan measured on the synthetic twin" not in notes["cost"]
+    with pytest.raises(SystemExit) as exc:
+        main(["compress", str(src), "-o", str(tmp_path / "x.onnx"), "--target-macs", "0.8", "--reduce-plan", "best"])
+    assert exc.value.code == 2
+    assert "--reduce-plan" in capsys.readouterr().err and not (tmp_path / "x.onnx").exists()
