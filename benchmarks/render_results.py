@@ -269,9 +269,14 @@ def section_latency_reduce(data) -> list[str]:
     rows = data.get("rows", [])
     if not rows:
         return []
+    import re
+
+    targets = dict.fromkeys(m.group(1) for r in rows if (m := re.match(r"target-macs (\S+)", r["variant"])))
+    multiples = ["8"] + sorted({m.group(1) for r in rows if (m := re.search(r"multiples of (\d+)", r["variant"]))})
+    models = " ".join(dict.fromkeys(r["model"] for r in rows))
     out = ["## Speed of the channel-reduced outputs (issue 12, point 2)", "",
-           "Command: `python benchmarks/bench_latency.py --models cifar10_resnet56.onnx --target-macs 0.7 0.65 "
-           "--channel-multiple 8 16 --out benchmarks/results/latency_reduce.json` (this machine: AVX-512, where "
+           f"Command: `python benchmarks/bench_latency.py --models {models} --target-macs {' '.join(targets)} "
+           f"--channel-multiple {' '.join(multiples)} --out benchmarks/results/latency_reduce.json` (this machine: AVX-512, where "
            "onnxruntime's NCHWc Conv works in blocks of 16 channels; kept counts in multiples of 8 leave 24- and "
            f"56-channel layers that it pads); onnxruntime {data['meta']['onnxruntime']}, the output of "
            "`compress --target-macs F` (reduction with the refit, then the default hashing and storage) against the "
