@@ -59,7 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated steps (default: hash,merge,split)")
     c.add_argument("--budget", type=float, metavar="E",
                    help="rate-distortion hashing (the default): the fewest stored bits whose predicted relative "
-                        "L2 error of the logits, estimated data-free, stays within E (default 0.1)")
+                        "L2 error of the outputs, estimated data-free, stays within E (default 0.1 when the output "
+                        "is class scores from a Gemm / MatMul head, else 0.03: embeddings and features are compared "
+                        "by cosine, and 0.999 needs an error <= 0.045)")
     c.add_argument("--target-bits", type=float, metavar="B",
                    help="rate-distortion hashing: instead of --budget, the least predicted error within B stored "
                         "bits per eligible weight (tables included)")

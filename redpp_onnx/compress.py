@@ -14,7 +14,7 @@ from typing import Callable, Optional, Union
 import onnx
 
 from . import __version__, io, storage, validate, verify
-from .analysis.fold import resolve_constant_identities
+from .analysis.fold import fold_constant_casts, resolve_constant_identities, restore_constant_casts
 from .analysis.layers import ConstantTensors, check_input_shapes, input_shapes, np_dtype, scan_layers
 from .config import CompressConfig
 from .errors import RedppError
@@ -59,6 +59,8 @@ def _compress(model, config: CompressConfig, *, progress, file_bytes_before, plo
         file_bytes_before = len(io.serialize(model))
     # exporters rename deduplicated constants with Identity nodes: the passes read them directly
     work, aliases = resolve_constant_identities(model)
+    # float16 / bfloat16 weights cast to float32 for the compute: the passes see the float32 weights
+    work, folded = fold_constant_casts(work)
     eligible_before = scan_layers(work, include_grouped=config.hash.include_depthwise, tables=True)
 
     out, hashed, merged, split, calibration = work, None, None, None, None
@@ -99,6 +101,7 @@ def _compress(model, config: CompressConfig, *, progress, file_bytes_before, plo
         store_codebooks(hashed, config.storage)
         out = hashed.model
     storage_info = storage.describe(out) if hashed is not None and hashed.codebook_layers else None
+    out, restored = restore_constant_casts(out, folded)
     try:
         onnx.checker.check_model(out)
     except onnx.checker.ValidationError as err:  # a bug of ours, not the user's: say so
@@ -136,7 +139,8 @@ def _compress(model, config: CompressConfig, *, progress, file_bytes_before, plo
                     config=dataclasses.asdict(config), model=summary, layers=layers,
                     verify=verify_info, timings=timings,
                     notes=(input_notes + _notes(config, hashed, merged, split, calibration, storage_info) + _control_flow_note(model)
-                           + _alias_note(aliases) + _verify_warning(verify_info) + _guess_note(verify_info)),
+                           + _alias_note(aliases) + _cast_note(folded, restored) + _verify_warning(verify_info)
+                           + _guess_note(verify_info)),
                     input=source,
                     merge_groups=[dataclasses.asdict(g) for g in merged.groups] if merged else None,
                     calibration=dataclasses.asdict(calibration) if calibration else None)
@@ -298,6 +302,14 @@ def _phase(progress: Optional[Progress], label: str) -> Optional[Progress]:
     return progress
 
 
+def _cast_note(folded: dict, restored: int) -> list:
+    if not folded:
+        return []
+    return [f"{len(folded)} float16 / bfloat16 weight(s) cast to float32 for the compute were read as the float32 "
+            f"they are computed in; {len(folded) - restored} stored as codebooks (decoded to float32, the Cast "
+            f"gone), {restored} written back in their own type behind their Cast (values rounded to it)"]
+
+
 def _alias_note(aliases: int) -> list:
     return [f"{aliases} Identity node(s) that only renamed a constant were removed; their consumers read the "
             "constant directly"] if aliases else []
@@ -344,7 +356,7 @@ def _notes(config, hashed, merged, split, calibration, storage_info=None) -> lis
         elif hashed.rd is not None:
             r = hashed.rd
             goal = (f"within {h.target_bits:g} bits per eligible weight" if h.target_bits is not None
-                    else f"within a predicted relative L2 logit error of {h.budget:g}")
+                    else f"within a predicted relative L2 logit error of {r['budget']:g}")
             notes.append(f"hashing changes the function: rate-distortion hashing ({h.effort}) chose per layer the "
                          f"codebook granularity and bandwidth with the fewest stored bits {goal} (predicted "
                          f"{r['predicted_error']:.3g}, sensitivity '{r['proxy']}', data-free; the verify line "

@@ -22,10 +22,57 @@ def _positive(name: str, value: float, allow_zero: bool = False) -> None:
 HASH_METHODS = ("rd", "kde")
 EFFORTS = ("fast", "thorough")
 DEFAULT_BUDGET = 0.1
-"""Default of ``budget``: the predicted relative L2 error of the logits that RD hashing spends.
-At 0.1 the shared models kept their top-1 within 0.3 points (ResNets) and 0.4 (EfficientNet-Lite0)
-on the exact data with every effort and sensitivity sample count measured; at 0.2 ResNet-56 lost
-1.8 points (``benchmarks/bench_rd.py``)."""
+"""Default of ``budget`` for a model whose output is class scores (:func:`output_kind`): the predicted
+relative L2 error of the logits that RD hashing spends. At 0.1 the shared models kept their top-1
+within 0.3 points (ResNets) and 0.4 (EfficientNet-Lite0) on the exact data with every effort and
+sensitivity sample count measured; at 0.2 ResNet-56 lost 1.8 points (``benchmarks/bench_rd.py``)."""
+DEFAULT_FEATURE_BUDGET = 0.03
+"""Default of ``budget`` for a model whose output is not class scores (embeddings, pooled or per-token
+features, maps): such an output is used by its direction, and a cosine similarity of 0.999 allows a
+relative L2 error of at most sqrt(2 × 0.001) = 0.045 (cos ≥ 1 − e²/2); 0.03 leaves a margin of 1.5 for the
+prediction's error. Measured on the BERT-sized encoder (``benchmarks/bench_transformer.py``): budget 0.03
+gave cosine ≥ 0.99958, 0.05 gave 0.9982, 0.1 gave 0.9955."""
+CLASS_SCORE_PASS = ("Identity", "Softmax", "LogSoftmax", "Flatten", "Reshape", "Squeeze", "Cast")
+
+
+def output_kind(model) -> tuple:
+    """``("scores" | "features", why)`` of the model's first output: class scores when, through
+    :data:`CLASS_SCORE_PASS` ops and a constant bias Add, it comes from a Gemm or a MatMul with a
+    constant weight (a classifier head); anything else (a pooling, a normalization, a convolution, an
+    output of rank 3 or more) is features. Decides the default ``budget``."""
+    g = model.graph
+    if not g.output:
+        return "features", "no graph output"
+    consts = {t.name for t in g.initializer} | {o for n in g.node if n.op_type == "Constant" for o in n.output}
+    made_by = {o: n for n in g.node for o in n.output}
+    name = g.output[0].name
+    dims = g.output[0].type.tensor_type.shape.dim
+    if len(dims) > 2:
+        return "features", f"output {name!r} has rank {len(dims)}"
+    for _ in range(len(g.node) + 1):
+        node = made_by.get(name)
+        if node is None:
+            return "features", f"output {name!r} is not computed by a node"
+        if node.op_type in CLASS_SCORE_PASS:
+            name = node.input[0]
+            continue
+        if node.op_type == "Add" and len(node.input) == 2 and any(x in consts for x in node.input):
+            name = next(x for x in node.input if x not in consts) if not all(x in consts for x in node.input) else ""
+            continue
+        if node.op_type == "Gemm" or (node.op_type == "MatMul" and node.input[1] in consts):
+            return "scores", f"output {g.output[0].name!r} comes from the {node.op_type} {node.name or node.output[0]!r}"
+        return "features", f"output {g.output[0].name!r} comes from a {node.op_type}, not a classifier head"
+    return "features", "output path too long"
+
+
+def default_budget(model) -> tuple:
+    """``(budget, why)``: :data:`DEFAULT_BUDGET` for class scores, :data:`DEFAULT_FEATURE_BUDGET` else."""
+    kind, why = output_kind(model)
+    if kind == "scores":
+        return DEFAULT_BUDGET, f"default budget {DEFAULT_BUDGET:g}: the output is class scores ({why})"
+    return DEFAULT_FEATURE_BUDGET, (f"default budget {DEFAULT_FEATURE_BUDGET:g}: the output is not class scores "
+                                    f"({why}), it is compared by direction (cosine >= 0.999 needs a relative "
+                                    "error <= 0.045); --budget sets another")
 DEFAULT_WEIGHT_ERROR = 0.01
 
 
@@ -44,7 +91,8 @@ class HashConfig:
     snap_zero: bool = False
     uniform_int8: bool = False               # the baseline instead of KDE hashing
     include_depthwise: bool = False          # also grouped / depthwise convs (kde)
-    budget: Optional[float] = None           # rd: predicted relative L2 error of the logits (default 0.1)
+    budget: Optional[float] = None           # rd: predicted relative L2 error of the logits (None: default_budget
+    #                                          of the model: 0.1 for class scores, 0.03 for features)
     target_bits: Optional[float] = None      # rd: instead, stored bits per eligible weight not to exceed
     effort: str = "fast"                     # rd: "fast" | "thorough" (rd.EFFORTS)
     workers: Optional[int] = None            # rd: processes for the per-layer work (None: hashing/workers.py
@@ -89,8 +137,6 @@ class HashConfig:
         object.__setattr__(self, "method", method)
         if method == "kde" and self.weight_error is None:
             object.__setattr__(self, "weight_error", DEFAULT_WEIGHT_ERROR)
-        if method == "rd" and self.budget is None and self.target_bits is None:
-            object.__setattr__(self, "budget", DEFAULT_BUDGET)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .layers import constant_only_nodes
+from .layers import constant_only_nodes, iter_nodes_deep
 
 def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with its main graph's constant-only nodes replaced by initializers of their
@@ -104,3 +104,75 @@ def _rename_inputs(graph: onnx.GraphProto, alias: dict) -> None:
             elif a.type == onnx.AttributeProto.GRAPHS:
                 for g in a.graphs:
                     _rename_inputs(g, alias)
+
+
+HALF_TYPES = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+
+
+def fold_constant_casts(model: onnx.ModelProto) -> tuple:
+    """``(model', folded)``: every ``Cast(to=FLOAT)`` of a float16 / bfloat16 initializer in the main
+    graph (the "float16 weights, float32 compute" export) replaced by a float32 initializer of the
+    Cast's output name holding the widened values (exact), so that the passes see the weights the
+    model computes with; the half initializer goes when nothing else reads it. ``folded`` maps each
+    new name to the original element type, for :func:`restore_constant_casts`. ``model'`` is
+    ``model`` itself when nothing was folded."""
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    outputs = {o.name for o in graph.output}
+    gone = [k for k, n in enumerate(graph.node)
+            if n.op_type == "Cast" and n.domain in ("", "ai.onnx") and len(n.input) == 1 and n.input[0] in inits
+            and inits[n.input[0]].data_type in HALF_TYPES and n.output[0] not in outputs
+            and any(a.name == "to" and a.i == onnx.TensorProto.FLOAT for a in n.attribute)
+            and inits[n.input[0]].data_location != onnx.TensorProto.EXTERNAL]
+    if not gone:
+        return model, {}
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    inits = {t.name: t for t in g.initializer}
+    casts = [g.node[k] for k in gone]
+    sources = {c.input[0] for c in casts}
+    gone = set(gone)
+    folded = {}
+    for n in casts:
+        src = inits[n.input[0]]
+        folded[n.output[0]] = src.data_type
+        g.initializer.append(numpy_helper.from_array(numpy_helper.to_array(src).astype(np.float32), n.output[0]))
+    keep = [n for k, n in enumerate(g.node) if k not in gone]
+    del g.node[:]
+    g.node.extend(keep)
+    read = {x for n in iter_nodes_deep(g) for x in n.input} | {o.name for o in g.output}
+    kept = [t for t in g.initializer if t.name not in sources or t.name in read]
+    del g.initializer[:]
+    g.initializer.extend(kept)
+    return out, folded
+
+
+def restore_constant_casts(model: onnx.ModelProto, folded: dict) -> tuple:
+    """``(model', n)``: each name of ``folded`` that is still a plain float32 initializer (not stored
+    as a codebook) goes back to its half type behind a ``Cast(to=FLOAT)``, as the input had it (the
+    values rounded to that type); ``model`` is changed in place."""
+    if not folded:
+        return model, 0
+    g = model.graph
+    dtypes = {onnx.TensorProto.FLOAT16: np.float16}
+    casts, n = [], 0
+    for t in g.initializer:
+        if t.name in folded and t.data_type == onnx.TensorProto.FLOAT:
+            half = folded[t.name]
+            arr = numpy_helper.to_array(t)
+            name = t.name
+            if half in dtypes:
+                new = numpy_helper.from_array(arr.astype(dtypes[half]), name + "__half")
+            else:  # bfloat16: round to nearest even on the upper 16 bits
+                bits = arr.astype(np.float32).view(np.uint32)
+                bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+                new = helper.make_tensor(name + "__half", onnx.TensorProto.BFLOAT16, arr.shape, bits.tobytes(), raw=True)
+            t.CopyFrom(new)
+            casts.append(helper.make_node("Cast", [name + "__half"], [name], to=onnx.TensorProto.FLOAT))
+            n += 1
+    if casts:
+        nodes = casts + list(g.node)
+        del g.node[:]
+        g.node.extend(nodes)
+    return model, n

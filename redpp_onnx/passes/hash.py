@@ -132,13 +132,19 @@ class HashPass:
         from ..hashing import rd
         from ..runtime import ORT_ERRORS
 
+        from ..config import default_budget
+
         c = self.config
         settings = dict(rd.EFFORTS[c.effort])
         notes = []
+        budget = c.budget
+        if budget is None and c.target_bits is None:
+            budget, why = default_budget(model)
+            notes.append(why)
         out = res = None
         for proxy in rd.PROXIES:
             try:
-                out, res = rd.rd_hash(model, c.budget, target_bits=c.target_bits, proxy=proxy,
+                out, res = rd.rd_hash(model, budget, target_bits=c.target_bits, proxy=proxy,
                                       progress=self.progress, workers=c.workers, **settings)
                 break
             except rd.SyntheticInputsUnavailable as err:
