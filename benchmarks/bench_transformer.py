@@ -68,20 +68,15 @@ def fp16_all(src: Path, dst: Path, bf16: bool = False) -> Path:
     from onnx import helper, numpy_helper
 
     from redpp_onnx import io
+    from redpp_onnx.analysis.layers import np_dtype
 
     model = io.load_model(src)
     casts = []
     for t in model.graph.initializer:
         if t.data_type == onnx.TensorProto.FLOAT and np.prod(t.dims) >= 1024:
             name = t.name
-            a = numpy_helper.to_array(t)
-            if bf16:
-                bits = a.astype(np.float32).view(np.uint32)
-                bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-                t.CopyFrom(helper.make_tensor(name + "__fp16", onnx.TensorProto.BFLOAT16, a.shape, bits.tobytes(),
-                                              raw=True))
-            else:
-                t.CopyFrom(numpy_helper.from_array(a.astype(np.float16), name + "__fp16"))
+            half = np_dtype(onnx.TensorProto.BFLOAT16 if bf16 else onnx.TensorProto.FLOAT16)
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(half), name + "__fp16"))
             casts.append(helper.make_node("Cast", [name + "__fp16"], [name], to=onnx.TensorProto.FLOAT))
     nodes = casts + list(model.graph.node)
     del model.graph.node[:]

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .layers import constant_only_nodes, iter_nodes_deep
+from .layers import constant_only_nodes, iter_nodes_deep, np_dtype
 
 def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with its main graph's constant-only nodes replaced by initializers of their
@@ -155,20 +155,11 @@ def restore_constant_casts(model: onnx.ModelProto, folded: dict) -> tuple:
     if not folded:
         return model, 0
     g = model.graph
-    dtypes = {onnx.TensorProto.FLOAT16: np.float16}
     casts, n = [], 0
     for t in g.initializer:
         if t.name in folded and t.data_type == onnx.TensorProto.FLOAT:
-            half = folded[t.name]
-            arr = numpy_helper.to_array(t)
             name = t.name
-            if half in dtypes:
-                new = numpy_helper.from_array(arr.astype(dtypes[half]), name + "__half")
-            else:  # bfloat16: round to nearest even on the upper 16 bits
-                bits = arr.astype(np.float32).view(np.uint32)
-                bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-                new = helper.make_tensor(name + "__half", onnx.TensorProto.BFLOAT16, arr.shape, bits.tobytes(), raw=True)
-            t.CopyFrom(new)
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np_dtype(folded[name])), name + "__half"))
             casts.append(helper.make_node("Cast", [name + "__half"], [name], to=onnx.TensorProto.FLOAT))
             n += 1
     if casts:
