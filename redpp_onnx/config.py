@@ -57,7 +57,7 @@ def output_kind(model) -> tuple:
             name = node.input[0]
             continue
         if node.op_type == "Add" and len(node.input) == 2 and any(x in consts for x in node.input):
-            name = next(x for x in node.input if x not in consts) if not all(x in consts for x in node.input) else ""
+            name = next((x for x in node.input if x not in consts), "")  # "": a constant, no node
             continue
         if node.op_type == "Gemm" or (node.op_type == "MatMul" and node.input[1] in consts):
             return "scores", f"output {g.output[0].name!r} comes from the {node.op_type} {node.name or node.output[0]!r}"

@@ -444,9 +444,9 @@ def plan(model: onnx.ModelProto, config: ReduceConfig, coupling=None, twin=None,
 
     seqs = [sequence(k) for k in range(len(groups))]
     table = None
-    if twin is not None and config.plan != "cost":
-        from . import twin_plan as TP
+    from . import twin_plan as TP
 
+    if twin is not None and config.plan != "cost":
         why = TP.unavailable(groups, twin)
         if why is None:
             key = ("twin_plan", config.max_share, config.scale, config.coupled, config.merge)
@@ -469,8 +469,6 @@ def plan(model: onnx.ModelProto, config: ReduceConfig, coupling=None, twin=None,
         elif notes is not None:
             notes.append(f"closed-form plan (twin-measured plan not used: {why})")
     if table is not None:
-        from . import twin_plan as TP
-
         counts_, _ = TP.allocate(len(groups), table, (1.0 - float(config.target_macs)) * macs_total)
         for k in range(len(groups)):
             decisions[k] = seqs[k][:counts_[k]]

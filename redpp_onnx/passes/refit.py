@@ -239,6 +239,45 @@ def twin(model: onnx.ModelProto, stats: Dict[int, tuple]) -> onnx.ModelProto:
     return m
 
 
+# --------------------------------------------------------------------------- least squares
+
+def add_moments(acc: Optional[list], xp: np.ndarray, yy: np.ndarray) -> list:
+    """``acc`` (``[Σ xxᵀ, Σ xyᵀ, Σ x, Σ y, n]``, or None to start) with the rows ``xp`` -> ``yy`` added."""
+    if acc is None:
+        acc = [0.0, 0.0, 0.0, 0.0, 0]
+    acc[0] = acc[0] + xp.T @ xp
+    acc[1] = acc[1] + xp.T @ yy
+    acc[2] = acc[2] + xp.sum(0)
+    acc[3] = acc[3] + yy.sum(0)
+    acc[4] += len(xp)
+    return acc
+
+
+def covariances(mom) -> tuple:
+    """``(cov xx, cov xy, mean x, mean y)`` of the moments of :func:`add_moments`."""
+    sxx, sxy, sx, sy, n = mom
+    mx, my = sx / n, sy / n
+    return sxx / n - np.outer(mx, mx), sxy / n - np.outer(mx, my), mx, my
+
+
+def ridge_solve(mom, keep: Optional[np.ndarray] = None) -> tuple:
+    """The ridge least squares ``(W [outputs, features], b, cov xx, cov xy)`` on the features ``keep``
+    (all by default), λ = ``RIDGE`` × their mean variance."""
+    cxx, cxy, mx, my = covariances(mom)
+    if keep is not None:
+        cxx, cxy, mx = cxx[np.ix_(keep, keep)], cxy[keep], mx[keep]
+    lam = RIDGE * max(float(np.mean(np.diag(cxx))), 1e-30)
+    w = np.linalg.solve(cxx + lam * np.eye(len(cxx)), cxy).T
+    return w, my - w @ mx, cxx, cxy
+
+
+def first_output(model: onnx.ModelProto, feeds: List[dict]) -> np.ndarray:
+    """The model's first graph output on ``feeds``, each batch's values flattened and concatenated (float64)."""
+    name = model.graph.output[0].name
+    sess = _session(model, [name])
+    return np.concatenate([np.asarray(sess.run([name], f)[0], np.float64).ravel() for f in feeds])
+
+
 # --------------------------------------------------------------------------- the refit
 
 def _patches(x: np.ndarray, node: onnx.NodeProto, wshape) -> np.ndarray:
@@ -341,16 +380,10 @@ def refit(original: onnx.ModelProto, reduced: onnx.ModelProto, edit: Callable[[o
 def twin_drift(tw: Twin, reduced_twin: onnx.ModelProto) -> Optional[float]:
     """Relative L2 distance of the first graph output, reduced twin vs twin, on the twin's inputs
     (a data-free prediction of how far the reduction moves the model); None when not comparable."""
-    name = tw.model.graph.output[0].name
-    a_sess, b_sess = _session(tw.model, [name]), _session(reduced_twin, [name])
-    num = den = 0.0
-    for f in tw.feeds:
-        a = np.asarray(a_sess.run([name], f)[0], np.float64)
-        b = np.asarray(b_sess.run([name], f)[0], np.float64)
-        if a.shape != b.shape:
-            return None
-        num += float(np.sum((a - b) ** 2))
-        den += float(np.sum(a * a))
+    a, b = first_output(tw.model, tw.feeds), first_output(reduced_twin, tw.feeds)
+    if a.shape != b.shape:
+        return None
+    num, den = float(np.sum((a - b) ** 2)), float(np.sum(a * a))
     return math.sqrt(num / den) if den > 0 else None
 
 
@@ -368,8 +401,7 @@ def _refit_one(tw0, tw1, reduced, j: int, feeds) -> RefitRow:
     y_name = tw0.graph.node[j].output[0]
     ref_sess = _session(tw0, [y_name])
     nf = w[0].size
-    sxx, sxy, sx, sy, syy, n = np.zeros((nf, nf)), np.zeros((nf, w.shape[0])), np.zeros(nf), np.zeros(w.shape[0]), 0.0, 0
-    err0 = 0.0
+    mom, syy, err0 = None, 0.0, 0.0
     wf = w.reshape(w.shape[0], -1)
     for f in feeds:
         x = np.asarray(sess.run([node1.input[0]], f)[0], np.float64)
@@ -379,22 +411,15 @@ def _refit_one(tw0, tw1, reduced, j: int, feeds) -> RefitRow:
         xp = _patches(x, node1, w.shape)
         yy = np.moveaxis(y, 1, -1).reshape(-1, y.shape[1])
         err0 += float(np.sum((xp @ wf.T + b - yy) ** 2))
-        sxx += xp.T @ xp
-        sxy += xp.T @ yy
-        sx += xp.sum(0)
-        sy += yy.sum(0)
+        mom = add_moments(mom, xp, yy)
         syy += float(np.sum(yy * yy))
-        n += len(xp)
+    n = mom[4] if mom is not None else 0
     if n < ROWS_PER_FEATURE * nf:
         return RefitRow(node1.name, nf, n, float("nan"), float("nan"), False,
                         f"{n:,} synthetic rows for {nf:,} unknowns: fewer than {ROWS_PER_FEATURE} per unknown "
                         f"(the input budget of {MAX_INPUT_ELEMENTS:,} values allows no more images)")
-    mx, my = sx / n, sy / n
-    cxx = sxx / n - np.outer(mx, mx)
-    cxy = sxy / n - np.outer(mx, my)
-    lam = RIDGE * max(float(np.mean(np.diag(cxx))), 1e-30)
-    wn = np.linalg.solve(cxx + lam * np.eye(nf), cxy).T
-    bn = my - wn @ mx
+    wn, bn, cxx, cxy = ridge_solve(mom)
+    my = mom[3] / n
     total = syy - n * float(my @ my)
     # residual energy of the fit (training error on the synthetic twin)
     cyy_fit = float(np.trace(wn @ cxx @ wn.T) - 2 * np.trace(wn @ cxy) + (total / n))

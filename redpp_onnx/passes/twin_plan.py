@@ -96,33 +96,16 @@ def _read(tw: RF.Twin, ctx: EditContext, nodes: List[int]) -> Dict[int, tuple]:
         vals = dict(zip(names, sess.run(names, f)))
         for j in nodes:
             node = g.node[j]
-            x = np.asarray(vals[node.input[0]], np.float64)
             y = np.asarray(vals[node.output[0]], np.float64)
-            xp = RF._patches(x, node, ctx.get(j, 1).shape)
-            yy = np.moveaxis(y, 1, -1).reshape(-1, y.shape[1])
-            a = acc.setdefault(j, [0.0, 0.0, 0.0, 0.0, 0])
-            a[0] = a[0] + xp.T @ xp
-            a[1] = a[1] + xp.T @ yy
-            a[2] = a[2] + xp.sum(0)
-            a[3] = a[3] + yy.sum(0)
-            a[4] += len(xp)
+            xp = RF._patches(np.asarray(vals[node.input[0]], np.float64), node, ctx.get(j, 1).shape)
+            acc[j] = RF.add_moments(acc.get(j), xp, np.moveaxis(y, 1, -1).reshape(-1, y.shape[1]))
     return {j: tuple(a) for j, a in acc.items()}
-
-
-def _covariances(mom: tuple):
-    sxx, sxy, sx, sy, n = mom
-    mx, my = sx / n, sy / n
-    return sxx / n - np.outer(mx, mx), sxy / n - np.outer(mx, my), mx, my
 
 
 def solve(mom: tuple, keep: np.ndarray) -> tuple:
     """The refitted consumer ``(W [outputs, features kept], b)`` from the moments, on the features
-    ``keep`` (the same ridge as :mod:`refit`)."""
-    cxx, cxy, mx, my = _covariances(mom)
-    c = cxx[np.ix_(keep, keep)]
-    lam = RF.RIDGE * max(float(np.mean(np.diag(c))), 1e-30)
-    w = np.linalg.solve(c + lam * np.eye(len(keep)), cxy[keep]).T
-    return w, my - w @ mx[keep]
+    ``keep`` (``refit.ridge_solve``: the refit's own least squares)."""
+    return RF.ridge_solve(mom, keep)[:2]
 
 
 def elimination_order(mom: tuple, candidates: List[int], taps: int, gain: Optional[np.ndarray] = None,
@@ -130,7 +113,7 @@ def elimination_order(mom: tuple, candidates: List[int], taps: int, gain: Option
     """Backward elimination of input channels (``candidates``: positions in the consumer's input,
     ``taps`` features each): ``(order, step costs)``, each step's cost the rise of the refitted
     residual (outputs weighted by ``gain²``) over the explained energy of the full fit."""
-    cxx, cxy, _, _ = _covariances(mom)
+    cxx, cxy, _, _ = RF.covariances(mom)
     if gain is not None:
         cxy = cxy * gain[None, :]
     nf = cxx.shape[0]
@@ -166,7 +149,7 @@ def elimination_order(mom: tuple, candidates: List[int], taps: int, gain: Option
 def sequences(model: onnx.ModelProto, groups, proxy_seqs, moments, max_share: float) -> tuple:
     """Per group, its channels in removal order ``[(j, None, 0.0, cost)]`` (pruned: the refit
     recombines the rest): the backward elimination where the group's only consumer is refitted,
-    the closed-form order otherwise. Returns ``(sequences, groups ordered by elimination)``."""
+    the closed-form order otherwise. Returns ``(sequences, how many groups were ordered by elimination)``."""
     from collections import defaultdict
 
     from ..analysis.layers import ConstantTensors
@@ -197,13 +180,6 @@ def sequences(model: onnx.ModelProto, groups, proxy_seqs, moments, max_share: fl
     return out, by_elimination
 
 
-def _logits(model: onnx.ModelProto, feeds) -> np.ndarray:
-    name = model.graph.output[0].name
-    sess = RF._session(model, [name])
-    return np.concatenate([np.asarray(sess.run([name], f)[0], np.float64).reshape(len(next(iter(f.values()))), -1)
-                           for f in feeds])
-
-
 def options(n_classes: int, n_seq: int, multiple: int) -> List[int]:
     """The removal counts measured for a group: kept a multiple of ``multiple``, at most
     :data:`MAX_OPTIONS` of them evenly spaced, the largest always."""
@@ -227,7 +203,7 @@ def drift_table(tw: RF.Twin, tcoupling, tgroups, seqs, reasons, macs_total, mome
             break
         feeds.append(f)
         seen += len(next(iter(f.values()))) * per
-    ref = _logits(tw.model, feeds)
+    ref = RF.first_output(tw.model, feeds)
     den = float(np.sum(ref * ref)) or 1.0
     table = {}
     empty = {k: [] for k in range(len(tgroups))}
@@ -249,7 +225,7 @@ def drift_table(tw: RF.Twin, tcoupling, tgroups, seqs, reasons, macs_total, mome
                 keep = np.array([p * taps + t for p in range(n_in) if p not in gone for t in range(taps)])
                 wn, bn = solve(moments[c.node], keep)
                 _set_conv(ctx, c.node, wn.reshape(w.shape), bn)
-            lg = _logits(red, feeds)
+            lg = RF.first_output(red, feeds)
             table[(k, r)] = (float(np.sum((lg - ref) ** 2)) / den, r * gr.macs_per_channel)
     return table
 

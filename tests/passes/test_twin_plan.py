@@ -36,7 +36,7 @@ def _moments(x, y):
 
 def _residual(mom, keep, gain, lam):
     """Brute force: the weighted residual energy per row of the least squares on features ``keep``."""
-    cxx, cxy, _, _ = TP._covariances(mom)
+    cxx, cxy, _, _ = RF.covariances(mom)
     cxy = cxy * gain[None, :]
     c = cxx[np.ix_(keep, keep)]
     w = np.linalg.solve(c + lam * np.eye(len(keep)), cxy[keep])
@@ -51,7 +51,7 @@ def test_backward_elimination_matches_brute_force_least_squares():
     mom = _moments(x, y)
     gain = np.array([1.0, 2.0, 0.5, 1.5])
     order, costs = TP.elimination_order(mom, list(range(ch)), taps, gain, limit=4)
-    cxx, cxy, _, _ = TP._covariances(mom)
+    cxx, cxy, _, _ = RF.covariances(mom)
     lam = RF.RIDGE * float(np.mean(np.diag(cxx)))
     total = float(np.sum((cxy * gain) * (np.linalg.solve(cxx + lam * np.eye(ch * taps), cxy * gain))))
     feats = lambda chans: np.array([c * taps + t for c in chans for t in range(taps)])  # noqa: E731
