@@ -39,7 +39,9 @@ if __name__ == "__main__":
 """ % PEAK_RSS_KB_EXPR
 
 
-def build(path: Path, vocab: int, dim: int, layers: int, heads: int, ffn: int, seq: int) -> dict:
+def build(path: Path, vocab: int, dim: int, layers: int, heads: int, ffn: int, seq: int, half: bool = False) -> dict:
+    """Export the seeded BertLike (``half``: the same weights in float16, computed in float16 throughout:
+    ``model.half()`` before the export, what a user's float16 conversion gives)."""
     import warnings
 
     import onnx
@@ -52,6 +54,8 @@ def build(path: Path, vocab: int, dim: int, layers: int, heads: int, ffn: int, s
     torch.manual_seed(0)
     model = BertLike(vocab, dim, layers, seq, heads, ffn).eval()
     ids = torch.randint(0, vocab, (2, seq))
+    if half:
+        model = model.half()
     torch.onnx.export(model, (ids,), str(path), dynamo=False, opset_version=17, input_names=["ids"],
                       output_names=["embedding"], dynamic_axes={"ids": {0: "N"}, "embedding": {0: "N"}})
     m = onnx.load(str(path))
@@ -90,7 +94,17 @@ def embeddings(path: Path, ids: np.ndarray, fast: bool) -> np.ndarray:
 
     import redpp_onnx
 
-    s = redpp_onnx.session(str(path)) if fast else ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    if fast:
+        s = redpp_onnx.session(str(path))
+    else:  # onnxruntime as a user runs it; a float16-compute graph needs its crash workaround (runtime.py)
+        import onnx
+
+        from redpp_onnx.runtime import DISABLE_KEY, HALF_COMPUTE_DISABLED, half_compute
+
+        so = ort.SessionOptions()
+        if half_compute(onnx.load(str(path), load_external_data=False)):
+            so.add_session_config_entry(DISABLE_KEY, ",".join(HALF_COMPUTE_DISABLED))
+        s = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     name = s.get_inputs()[0].name
     return np.concatenate([s.run(None, {name: ids[i:i + 32]})[0] for i in range(0, len(ids), 32)]).astype(np.float64)
 
@@ -155,10 +169,17 @@ def main(argv=None):
         ort_quantize_dynamic(src, dst, per_channel=per_channel)
         record(f"onnxruntime quantize_dynamic int8{' per-channel' if per_channel else ''}", dst,
                time.perf_counter() - t, how="onnxruntime.quantization.quantize_dynamic")
-    for bf16 in (False, True):  # the half-precision files, and ours of each (issue 13: >= 1.8x smaller than it)
-        kind = "bfloat16" if bf16 else "float16"
-        half = fp16_all(src, work / f"{kind}.onnx", bf16)
-        record(f"{kind} weights + Cast", half, how=f"every float32 initializer >= 1,024 values as {kind}")
+    halves = [("float16-compute", "float16 compute (model.half() exported)", "the torch model in float16, exported: "
+               "float16 weights and activations, float16 output")]
+    halves += [(kind, f"{kind} weights + Cast", f"every float32 initializer >= 1,024 values as {kind}, cast to float32")
+               for kind in ("float16", "bfloat16")]
+    for kind, half_label, half_how in halves:  # the half-precision files, and ours of each (>= 1.8x smaller)
+        if kind == "float16-compute":
+            half = work / "float16_compute.onnx"
+            build(half, args.vocab, args.dim, args.layers, args.heads, args.ffn, args.seq, half=True)
+        else:
+            half = fp16_all(src, work / f"{kind}.onnx", kind == "bfloat16")
+        record(half_label, half, how=half_how)
         for label, extra in ((f"redpp default of the {kind} file", []),
                              (f"redpp default of the {kind} file, compact", ["--storage", "compact"])):
             out = work / f"ours_{kind}{len(extra)}.onnx"

@@ -22,7 +22,7 @@ from .passes.hash import HashPass, refusal_dict, store_codebooks
 from .passes.merge import MergePass, calibrate
 from .passes.split import SplitPass
 from .report import Report
-from .runtime import ORT_ERRORS
+from .runtime import ORT_ERRORS, half_compute_note
 
 Progress = Callable[[int, int, str], None]
 
@@ -139,7 +139,7 @@ def _compress(model, config: CompressConfig, *, progress, file_bytes_before, plo
                     config=dataclasses.asdict(config), model=summary, layers=layers,
                     verify=verify_info, timings=timings,
                     notes=(input_notes + _notes(config, hashed, merged, split, calibration, storage_info) + _control_flow_note(model)
-                           + _alias_note(aliases) + _cast_note(folded, restored) + _verify_warning(verify_info)
+                           + half_compute_note(out) + _alias_note(aliases) + _cast_note(folded, restored) + _verify_warning(verify_info)
                            + _guess_note(verify_info)),
                     input=source,
                     merge_groups=[dataclasses.asdict(g) for g in merged.groups] if merged else None,

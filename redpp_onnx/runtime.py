@@ -21,6 +21,20 @@ errors itself, as one line."""
 
 _LIBRARY_NAME = {"darwin": "libredpp_ops.dylib", "win32": "redpp_ops.dll"}
 
+HALF_COMPUTE_DISABLED = ("NchwcTransformer",)
+"""Graph optimizers :func:`session` turns off for a model that computes in float16 / bfloat16
+(:func:`half_compute`): onnxruntime (1.24-1.32 measured here, x86-64) dereferences a null pointer in
+its NchwcTransformer when it meets the Casts it inserted around half-precision ops it has no CPU
+kernel for (microsoft/onnxruntime#28392): the process dies creating the session (SIGSEGV), e.g.
+on a transformer exported after ``model.half()``. That transformer rewrites only float32 Convs and
+pools (and the ops between them) into the NCHWc layout: a graph computing in half precision loses
+nothing without it; a float32 Conv inside such a graph runs in the plain layout."""
+
+DISABLE_KEY = "optimization.disable_specified_optimizers"
+"""onnxruntime's session config entry (``kOrtSessionOptionsDisableSpecifiedOptimizers``): a
+comma-separated list of graph optimizers not to run."""
+_HALF = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+
 
 def get_library_path() -> str:
     """Absolute path of the custom-op library (``RegisterCustomOps`` entry point).
@@ -57,6 +71,58 @@ def session_options(**options) -> ort.SessionOptions:
     return so
 
 
+def half_compute(model: onnx.ModelProto) -> bool:
+    """Whether the graph computes in float16 / bfloat16: a graph input or output of that type, or a
+    Cast to it of a tensor that is not a constant (weights stored in half precision and cast to
+    float32, or codebooks decoding to half-precision weights, are constants: they do not count)."""
+    g = model.graph
+    if any(v.type.tensor_type.elem_type in _HALF for v in list(g.input) + list(g.output)):
+        return True
+    const = {t.name for t in g.initializer} | {t.name for t in g.sparse_initializer}
+    const -= {v.name for v in g.input}
+    for n in g.node:
+        ins = [x for x in n.input if x]
+        if n.op_type == "Cast" and any(a.name == "to" and a.i in _HALF for a in n.attribute) and \
+                not all(x in const for x in ins):
+            return True
+        if n.op_type == "Constant" or (ins and all(x in const for x in ins)):
+            const.update(n.output)
+    return False
+
+
+def half_compute_note(model: onnx.ModelProto) -> list:
+    """The report's note for a model that computes in half precision (none for others)."""
+    if not half_compute(model):
+        return []
+    names = ",".join(HALF_COMPUTE_DISABLED)
+    return [f"the model computes in half precision: onnxruntime's {names} crashes the process creating a session of "
+            "such graphs on x86-64 (SIGSEGV; microsoft/onnxruntime#28392), so redpp-onnx's sessions run without it; "
+            f"serve it with redpp_onnx.session(), or set the session config entry {DISABLE_KEY}={names} "
+            "(it rewrites only float32 Convs and pools into the NCHWc layout)"]
+
+
+def _disabled_optimizers(src) -> Optional[list]:
+    """:data:`HALF_COMPUTE_DISABLED` for a half-precision graph, else None (``src``: a path, bytes
+    or a ``ModelProto``; a path or bytes is read without its external data)."""
+    try:
+        if isinstance(src, onnx.ModelProto):
+            model = src
+        elif isinstance(src, (bytes, bytearray)):
+            model = onnx.load_model_from_string(bytes(src))
+        else:
+            model = onnx.load(src, load_external_data=False)
+    except (OSError, ValueError, DecodeError):
+        return None  # onnxruntime says what is wrong with it
+    return list(HALF_COMPUTE_DISABLED) if half_compute(model) else None
+
+
+def _disable(so: ort.SessionOptions, names: Optional[list]) -> None:
+    """Turn the graph optimizers ``names`` off in ``so`` (the documented config entry, kept when a
+    session is re-created)."""
+    if names:
+        so.add_session_config_entry(DISABLE_KEY, ",".join(names))
+
+
 def session(model: Union[str, os.PathLike, bytes, onnx.ModelProto], providers=None, *,
             decode_codebooks: bool = True, **options) -> ort.InferenceSession:
     """An ``onnxruntime.InferenceSession`` for ``model`` that can run ai.redpp operators.
@@ -70,7 +136,8 @@ def session(model: Union[str, os.PathLike, bytes, onnx.ModelProto], providers=No
     model instead of folding the decoders (5-7x and 7-19x, docs/HASHING.md "Storage"). A map that does not match the model is refused with a
     :class:`CodebookWarning` and the standard-ops form is loaded (same outputs, slower). With
     ``decode_codebooks=False`` onnxruntime always folds the decoders itself. The session's
-    ``redpp_load`` attribute says which form was loaded (:class:`LoadInfo`).
+    ``redpp_load`` attribute says which form was loaded (:class:`LoadInfo`). A model that computes
+    in half precision gets :data:`HALF_COMPUTE_DISABLED` turned off (an onnxruntime crash otherwise).
     """
     src = os.fspath(model) if isinstance(model, os.PathLike) else model
     reason = None
@@ -79,6 +146,7 @@ def session(model: Union[str, os.PathLike, bytes, onnx.ModelProto], providers=No
         if fast is not None:
             return fast
     so = session_options(**options)
+    _disable(so, _disabled_optimizers(src))
     if isinstance(src, onnx.ModelProto):
         src = src.SerializeToString()
     sess = ort.InferenceSession(src, sess_options=so, providers=providers or ["CPUExecutionProvider"])
@@ -159,12 +227,14 @@ def _decoded_session(src, providers, options) -> tuple:
             raise CompactError(f"{where}: the compact-form weights cannot be decoded ({err})") from None
         return _refused(where, str(err))
     small = first.model.SerializeToString()
+    disabled = list(HALF_COMPUTE_DISABLED) if half_compute(first.model) else None
     info = LoadInfo("decoded", first.stored_weights, first.seconds)
     state = {"decoded": first}
 
     def build_options():
         d = state.pop("decoded", None) or decoded()
         so = session_options(**options)
+        _disable(so, disabled)
         names = list(d.weights)
         values = [ort.OrtValue.ortvalue_from_numpy(d.weights[n]) for n in names]
         so.add_external_initializers(names, values)

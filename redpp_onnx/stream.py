@@ -497,9 +497,11 @@ def _report(src, model, scan, rows, options, nodes_before, params, weight_bits, 
                               "2.07 GB float16 decoder of benchmarks/bench_large.py; streamed because "
                               f"{options.reason}); {found}", "layerwise": layerwise}
     refused = [{"name": r.node, "op_type": r.op_type, "reasons": [r.reason], "eligible": False} for r in scan.refused]
+    from .runtime import half_compute_note  # not at import: the hashing workers never load onnxruntime
+
     notes = [f"streamed tensor by tensor: {options.reason}; eligible weights hashed by the data-free per-layer rule "
              f"(KDE, relative weight error within {options.weight_error:g}; no model run), written in their own type "
-             "to the output's external data, one tensor at a time"] + list(options.skipped)
+             "to the output's external data, one tensor at a time"] + list(options.skipped) + half_compute_note(model)
     return Report(tool={"name": "redpp-onnx", "version": __version__},
                   config={"stream": True, **dataclasses.asdict(options)}, model=summary, layers=rows + refused,
                   verify=verify_info, timings=timings, notes=notes, input=str(src))

@@ -21,7 +21,7 @@ VARIANTS = {"default": [], "codebook": ["--codebook"], "split-all": ["--split", 
 
 
 def test_the_zoo_is_there():
-    assert len(MODELS) == 16 and sum(name.endswith("_dynamo.onnx") for name in MODELS) == 8
+    assert len(MODELS) == 17 and sum(name.endswith("_dynamo.onnx") for name in MODELS) == 8
 
 
 def _feed(model: onnx.ModelProto) -> dict:
