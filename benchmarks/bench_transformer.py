@@ -8,7 +8,10 @@ table, 384 wide, 6 layers, 6 heads, MLP 1,536, 64 tokens: 22.3 M parameters, abo
 built with torch from seeded random weights (torch is needed to build it, never to run it);
 its weights are random, not trained: the distributions differ from a trained BERT's.
 
-    python benchmarks/bench_transformer.py [--layers 6] [--dim 384] [--vocab 30522] [--samples 256]
+    python benchmarks/bench_transformer.py [--layers 6] [--dim 384] [--vocab 30522] [--samples 256] [--part all|mlp]
+
+``--part mlp`` measures only the MLP channel reduction (``--target-macs``: ours with and without the
+refit, L1-norm pruning of the same share) and puts it into the existing result file.
 
 Run it alone on the machine (it times).
 """
@@ -114,6 +117,65 @@ def cosines(a: np.ndarray, b: np.ndarray) -> dict:
     return {"min": float(c.min()), "mean": float(c.mean())}
 
 
+MLP_TARGETS = (0.95, 0.9, 0.8, 0.7)
+
+
+def mlp_reduction(src: Path, ids: np.ndarray, ref: np.ndarray, work: Path, script: Path) -> dict:
+    """Channel reduction of the MLP hidden units (the only reducible groups: attention's channels pass
+    reshapes into heads), float32, no hashing, each method on the same groups and the same data: ours
+    (``--target-macs F``: closed-form choice, mean compensation into the bias Add, the second MatMul
+    refitted on the synthetic twin), ours without the refit, and L1-norm pruning (Li et al.) of the same
+    share in every group, no compensation; then ours at F = 0.9 with the default hashing and storage."""
+    import _reduce_baselines as RB
+    from redpp_onnx import io
+    from redpp_onnx.analysis.coupling import analyze_coupling
+    from redpp_onnx.passes import reduce as R
+
+    model = io.load_model(src)
+    rows = []
+
+    def add(method, setting, res, seconds):
+        path = work / "mlp.onnx"
+        io.save_model(res.model, path, force=True)
+        row = {"method": method, "setting": setting, "macs_removed": res.macs_removed,
+               "channels_removed": sum(r.channels_before - r.channels_after for r in res.layers),
+               "channels": sum(r.channels_before for r in res.layers if r.channels_before),
+               "cosine": cosines(ref, embeddings(path, ids, fast=False)), "seconds": seconds}
+        rows.append(row)
+        print(f"  {method:34} {setting:9} MACs -{100 * row['macs_removed']:5.1f} %  channels -{row['channels_removed']:5}"
+              f"  cosine min {row['cosine']['min']:.5f} mean {row['cosine']['mean']:.5f}  {seconds:.1f} s", flush=True)
+        return row
+
+    coupling = analyze_coupling(model)
+    groups, _, reasons, macs_total = R.plan(model, R.ReduceConfig(alpha=0.0), coupling)
+    for F in MLP_TARGETS:
+        for refit in (True, False):
+            t = time.perf_counter()
+            res = R.reduce_channels(model, R.ReduceConfig(target_macs=F, refit=refit))
+            row = add("ours" if refit else "ours without refit", f"F = {F:g}", res, time.perf_counter() - t)
+            if refit:
+                share = row["channels_removed"] / max(row["channels"], 1)
+        t = time.perf_counter()
+        dec = RB.l1_decisions(model, coupling, groups, share, multiple=8)
+        add("L1 pruning", f"share {share:.3f}", R.apply_plan(model, coupling, groups, dec, reasons, macs_total,
+                                                             compensate=False), time.perf_counter() - t)
+    out = work / "mlp_full.onnx"
+    proc = subprocess.run([sys.executable, str(script), "compress", str(src), "-o", str(out), "-q", "--no-verify",
+                           "--target-macs", "0.9", "--storage", "compact"], capture_output=True, text=True)
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    if res["exit"] != 0:
+        raise SystemExit(f"--target-macs 0.9: exit {res['exit']}: {proc.stderr[-2000:]}")
+    full = {"how": "redpp-onnx compress --target-macs 0.9 --storage compact", "file_bytes": out.stat().st_size,
+            "cosine": cosines(ref, embeddings(out, ids, fast=True)), "wall_s": res["wall_s"],
+            "peak_rss_mb": res["peak_kb"] / 1024}
+    print(f"  {full['how']}: {full['file_bytes']:,} B, cosine min {full['cosine']['min']:.5f}", flush=True)
+    groups_info = [{"producer": gr.producer, "channels": len(gr.classes), "activation": gr.activation} for gr in groups]
+    return {"groups": groups_info, "targets": list(MLP_TARGETS), "rows": rows, "with_hashing": full,
+            "exact_merge": "no two hidden units have equal weights (seeded random weights): exact merging removes none",
+            "neuron_merging": "not run: its scale and bias mismatch come from the BatchNorm after the producer; a "
+                              "transformer MLP has none"}
+
+
 def main(argv=None):
     ap = shared_parser(__doc__, "transformer.json", shared=False)
     ap.add_argument("--vocab", type=int, default=30522)
@@ -123,6 +185,7 @@ def main(argv=None):
     ap.add_argument("--ffn", type=int, default=1536)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--samples", type=int, default=256)
+    ap.add_argument("--part", choices=("all", "mlp"), default="all")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench_transformer_"))
     src = work / "encoder.onnx"
@@ -132,6 +195,13 @@ def main(argv=None):
     ref = embeddings(src, ids, fast=False)
     script = work / "child.py"
     script.write_text(CHILD)
+    if args.part == "mlp":  # into the existing results of the same settings
+        data = json.loads(Path(args.out).read_text())
+        if data["model"]["params"] != info["params"]:
+            raise SystemExit(f"{args.out} holds another model ({data['model']['params']:,} parameters)")
+        data["mlp_reduction"] = mlp_reduction(src, ids, ref, work, script)
+        write_json(args.out, data)
+        return
     rows = []
 
     def record(label, path, seconds=None, peak_kb=None, fast=False, how=""):
@@ -195,7 +265,8 @@ def main(argv=None):
     write_json(args.out, {"model": {"kind": "BertLike (tests/zoo/make_zoo.py), seeded random weights",
                                     "vocab": args.vocab, "dim": args.dim, "layers": args.layers, "heads": args.heads,
                                     "ffn": args.ffn, "seq": args.seq, **info},
-                          "samples": args.samples, "ids": "uniform over the vocabulary, seed 1", "rows": rows})
+                          "samples": args.samples, "ids": "uniform over the vocabulary, seed 1", "rows": rows,
+                          "mlp_reduction": mlp_reduction(src, ids, ref, work, script)})
 
 
 if __name__ == "__main__":

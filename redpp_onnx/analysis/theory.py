@@ -480,6 +480,8 @@ class _Stat:
     var: np.ndarray
     rank: int          # 4 (NCHW-like) or 2 ([N, F])
     pooled: bool       # every axis after the channel axis has size 1 (or rank 2)
+    last: bool = False  # features on the LAST axis of a rank >= 3 tensor ([N, S, D] tokens, after a
+    #                     LayerNormalization): the leading axes are samples; followed only by LAST_OK ops
 
 
 @dataclasses.dataclass
@@ -509,6 +511,8 @@ class _Walker:
     """Per-channel (mean, var) propagation; see the module docstring for the rules."""
 
     PASS = ("Identity", "Dropout")
+    LAST_OK = ("Identity", "Dropout", "MatMul", "Add", "Sub", "Mul", "Div", "Relu", "Clip", "LayerNormalization")
+    """Ops that follow statistics of features on the last axis (with _ELEMENTWISE)."""
     POOL = ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LpPool")
 
     def __init__(self, model: onnx.ModelProto, input_stats: Optional[str] = None):
@@ -591,6 +595,12 @@ class _Walker:
         op = node.op_type
         if node.domain not in ("", "ai.onnx"):
             raise _Untracked(f"{label} (domain {node.domain}) is not supported by the statistics walk")
+        if op not in self.LAST_OK and op not in _ELEMENTWISE and any(
+                isinstance(self.state.get(x), _Stat) and self.state[x].last for x in node.input if x):
+            raise _Untracked(f"{label}: features on the last axis (after a LayerNormalization) are followed only "
+                             "through MatMul, elementwise ops and per-feature constants")
+        if op == "LayerNormalization":
+            return [self.layer_norm(node, label)]
         if op == "BatchNormalization":
             gamma, beta = self.const(node.input[1]), self.const(node.input[2])
             if gamma is None or beta is None:
@@ -612,7 +622,7 @@ class _Walker:
         if op == "Relu":
             s = self.get(node.input[0])
             m, v = rectified_gaussian_moments(s.mean, np.sqrt(s.var))
-            return [_Stat(m, v, s.rank, s.pooled)]
+            return [dataclasses.replace(s, mean=m, var=v)]
         if op == "Clip":
             s = self.get(node.input[0])
             lo, hi = -np.inf, np.inf
@@ -631,7 +641,7 @@ class _Walker:
             if _attr(node, "max") is not None:
                 hi = float(_attr(node, "max"))
             m, v = clipped_gaussian_moments(s.mean, np.sqrt(s.var), lo, hi)
-            return [_Stat(m, v, s.rank, s.pooled)]
+            return [dataclasses.replace(s, mean=m, var=v)]
         if op in ("Add", "Sub", "Mul", "Div"):
             return [self.binary(node, label)]
         if op in self.POOL:
@@ -666,32 +676,37 @@ class _Walker:
             a, b = self.get(a_name), self.get(b_name)
             if op in ("Mul", "Div"):
                 raise _Untracked(f"{label}: {op} of two activations is not supported by the statistics walk")
-            if a.rank != b.rank:
-                raise _Untracked(f"{label}: operands of ranks {a.rank} and {b.rank}")
+            if a.rank != b.rank or a.last != b.last:
+                raise _Untracked(f"{label}: operands of ranks {a.rank} and {b.rank}"
+                                 + (" (features on different axes)" if a.last != b.last else ""))
             if a.mean.size != b.mean.size and 1 not in (a.mean.size, b.mean.size):
                 raise _Untracked(f"{label}: operands with {a.mean.size} and {b.mean.size} channels")
             mean = a.mean + b.mean if op == "Add" else a.mean - b.mean
-            return _Stat(mean, a.var + b.var, a.rank, a.pooled and b.pooled)
+            return _Stat(mean, a.var + b.var, a.rank, a.pooled and b.pooled, a.last)
         if ca is not None and cb is not None:
             raise _Untracked(f"{label}: constant expression (not folded)")
         s = self.get(b_name if ca is not None else a_name)
         c = ca if ca is not None else cb
         c = self.per_channel(c, s, label)
         if op == "Add":
-            return _Stat(s.mean + c, s.var, s.rank, s.pooled)
+            return dataclasses.replace(s, mean=s.mean + c)
         if op == "Sub":
-            return _Stat(c - s.mean if ca is not None else s.mean - c, s.var, s.rank, s.pooled)
+            return dataclasses.replace(s, mean=c - s.mean if ca is not None else s.mean - c)
         if op == "Mul":
-            return _Stat(s.mean * c, s.var * c * c, s.rank, s.pooled)
+            return dataclasses.replace(s, mean=s.mean * c, var=s.var * c * c)
         if ca is not None:
             raise _Untracked(f"{label}: division by an activation is not supported")
-        return _Stat(s.mean / c, s.var / (c * c), s.rank, s.pooled)
+        return dataclasses.replace(s, mean=s.mean / c, var=s.var / (c * c))
 
     def per_channel(self, c: np.ndarray, s: _Stat, label: str) -> np.ndarray:
         """A constant operand as a per-channel vector (scalar or broadcast along axis 1 only)."""
         c = np.asarray(c, dtype=np.float64)
         if c.size == 1:
             return np.full(s.mean.shape, float(c.ravel()[0]))
+        if s.last:  # features on the last axis: a constant of shape [..., D], every other axis 1
+            if c.shape[-1] != s.mean.size or c.size != s.mean.size:
+                raise _Untracked(f"{label}: constant of shape {list(c.shape)} is not per-feature")
+            return c.ravel()
         shape = (1,) * (s.rank - c.ndim) + c.shape
         if len(shape) != s.rank or any(d != 1 for k, d in enumerate(shape) if k != 1):
             raise _Untracked(f"{label}: constant of shape {list(c.shape)} is not per-channel")
@@ -801,8 +816,35 @@ class _Walker:
         reps = int(np.prod(in_shape[2:]))
         return _Stat(np.repeat(s.mean, reps), np.repeat(s.var, reps), 2, True)
 
+    def layer_norm(self, node, label) -> _Stat:
+        """``LayerNormalization`` over the last axis: each normalized feature taken as N(0, 1) over the
+        tokens (the per-feature counterpart of a BatchNorm's assumption), so the output feature ``d`` is
+        ``N(bias_d, scale_d²)``, whatever the input's statistics."""
+        shape = self.shapes.get(node.input[0])
+        axis = int(_attr(node, "axis", -1))
+        if shape is None or len(shape) < 2:
+            raise _Untracked(f"{label}: input of unknown rank")
+        if axis % len(shape) != len(shape) - 1:
+            raise _Untracked(f"{label}: normalizes from axis {axis}, not the last axis only")
+        scale = self.const(node.input[1])
+        bias = self.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        d = shape[-1] if isinstance(shape[-1], int) else (scale.size if scale is not None else None)
+        if scale is None or (bias is None and len(node.input) > 2 and node.input[2]) or not isinstance(d, int):
+            raise _Untracked(f"{label}: non-constant scale/bias or unknown width")
+        scale = np.broadcast_to(np.asarray(scale, np.float64).ravel(), (d,))
+        bias = np.zeros(d) if bias is None else np.broadcast_to(np.asarray(bias, np.float64).ravel(), (d,))
+        self.note("LayerNormalization: each normalized feature taken as N(0, 1) over the tokens")
+        rank = len(shape)
+        return _Stat(bias.copy(), scale * scale, rank, rank == 2, rank > 2)
+
     def linear(self, node, label) -> _Stat:
         s = self.get(node.input[0])
+        if s.last:  # [..., D] @ W[D, F]: features stay on the last axis
+            w = self.const(node.input[1])
+            if node.op_type != "MatMul" or w is None or w.ndim != 2 or w.shape[0] != s.mean.size:
+                raise _Untracked(f"{label}: weight is not a constant [{s.mean.size}, F] matrix")
+            w = w.astype(np.float64)
+            return _Stat(s.mean @ w, s.var @ (w * w), s.rank, False, True)
         if s.rank != 2:
             raise _Untracked(f"{label}: input of rank {s.rank} (only [N, F] is tracked)")
         w = self.const(node.input[1])
@@ -871,7 +913,7 @@ class _Walker:
         fz = f(z) if alpha is None else f(z, float(alpha))
         m = fz @ wq
         v = np.maximum((fz * fz) @ wq - m * m, 0.0)
-        return _Stat(m, v, s.rank, s.pooled)
+        return dataclasses.replace(s, mean=m, var=v)
 
 
 def moment_state(model: onnx.ModelProto, input_stats: Optional[str] = "standard") -> dict:

@@ -503,9 +503,11 @@ class Response:
         x = np.log(dist[pos])
         y = np.interp(x, ld, le)
         y = np.where(x < ld[0], le[0] + (x - ld[0]), y)
-        if len(ld) > 1:
-            last = (le[-1] - le[-2]) / (ld[-1] - ld[-2]) if ld[-1] > ld[-2] else 1.0
-            y = np.where(x > ld[-1], le[-1] + max(last, 1.0) * (x - ld[-1]), y)
+        last = (le[-1] - le[-2]) / (ld[-1] - ld[-2]) if len(ld) > 1 and ld[-1] > ld[-2] else 1.0
+        # above the last point: at least linear (a one-point, linear response was flat there: the
+        # 'bn' proxy priced every distortion above D = 1 like D = 1, and a 1,000-row embedding table,
+        # whose D is in squared weight units, collapsed to one value)
+        y = np.where(x > ld[-1], le[-1] + max(last, 1.0) * (x - ld[-1]), y)
         out[pos] = np.exp(y)
         return out
 

@@ -53,6 +53,7 @@ from ..analysis.coupling import PER_CHANNEL, PRODUCER, TRANSPARENT_UNARY, analyz
 from ..analysis.layers import ConstantTensors, scan_layers
 from ..errors import RedppError
 from .editors import ChannelEdit, EditContext, apply
+from .refit import bias_add
 
 STRATEGIES = ("per_block", "uniform")
 MERGE_MARGIN = 0.5
@@ -193,12 +194,12 @@ def _clip_bounds(consts: ConstantTensors, node: onnx.NodeProto) -> Tuple[float, 
 
 
 def _consumer_sums(consts: ConstantTensors, graph: onnx.GraphProto, op, channels: int,
-                   shapes: dict) -> Optional[np.ndarray]:
+                   shapes: dict, model: Optional[onnx.ModelProto] = None) -> Optional[np.ndarray]:
     """``[channels, outputs]``: per input channel of the consumer, the sum of its weights over
     the channel's block (kernel window, or ``inner`` features) for every output, each Conv tap
     weighted by the share of output positions at which it reads inside the input (zero padding:
     the mean over positions of what a constant channel adds); None when the consumer's bias
-    cannot take a compensation (MatMul)."""
+    cannot take a compensation (a MatMul without a constant bias Add after it: ``refit.bias_add``)."""
     from ..hashing.rd import _tap_fractions
 
     node = graph.node[op.node]
@@ -216,6 +217,8 @@ def _consumer_sums(consts: ConstantTensors, graph: onnx.GraphProto, op, channels
     if node.op_type == "Gemm":
         alpha = next((a.f for a in node.attribute if a.name == "alpha"), 1.0)
         return alpha * blocks.reshape(channels, op.inner, -1).sum(axis=1)
+    if node.op_type == "MatMul" and w.ndim == 2 and model is not None and bias_add(model, op.node) is not None:
+        return blocks.reshape(channels, op.inner, -1).sum(axis=1)
     return None
 
 
@@ -313,7 +316,7 @@ def _analyse(model, coupling, consts, layer_index, macs_of, allow_coupled: bool 
                     if gain is not None and w.ndim >= 2 and w.shape[1] == gain.size:
                         w = w * gain.reshape((1, -1) + (1,) * (w.ndim - 2))
                 loss += np.sum(w.reshape((n_ch, -1))[cidx] ** 2, axis=1) * v_c
-                s = _consumer_sums(consts, graph, c, n_ch, shapes)
+                s = _consumer_sums(consts, graph, c, n_ch, shapes, model)
                 sums.append((c, cidx, None if s is None else s[cidx]))
                 cstats.append((m_c, v_c))
                 macs += macs_of.get(c.name, 0) / max(n_ch, 1)
@@ -663,9 +666,7 @@ def apply_plan(model: onnx.ModelProto, coupling, groups, decisions, reasons, mac
         _add_bias(ctx, node_index, d[edit.kept] if edit is not None else d)
     ctx.commit()
     if edits:
-        keep_vi = [vi for vi in out.graph.value_info if vi.name not in edits]
-        del out.graph.value_info[:]
-        out.graph.value_info.extend(keep_vi)
+        _drop_stale_shapes(out, set(edits))
     after = scan_layers(out)
     params_after = sum(l.params for l in after.layers)
     macs_after = sum(l.macs or 0 for l in after.layers)
@@ -693,8 +694,37 @@ def apply_plan(model: onnx.ModelProto, coupling, groups, decisions, reasons, mac
                         float(sum(c for *_, c in all_dec)), notes, time.perf_counter() - t0)
 
 
+def _drop_stale_shapes(model: onnx.ModelProto, edited: set) -> None:
+    """Shapes the graph states that a channel edit made wrong: ``value_info`` of the edited tensors and of
+    initializers whose dims changed (the dynamo exporter writes ``value_info`` for initializers too: a
+    stale one fails shape inference, and with it every static shape, MAC count and synthetic input of the
+    reduced model); graph inputs that name an edited initializer take its new dims."""
+    dims = {t.name: list(t.dims) for t in model.graph.initializer}
+
+    def stated(vi):
+        return [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
+
+    keep = [vi for vi in model.graph.value_info
+            if vi.name not in edited and not (vi.name in dims and stated(vi) != dims[vi.name])]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(keep)
+    for vi in model.graph.input:
+        if vi.name in dims and vi.type.HasField("tensor_type") and stated(vi) != dims[vi.name]:
+            shape = vi.type.tensor_type.shape
+            del shape.dim[:]
+            for d in dims[vi.name]:
+                shape.dim.add().dim_value = d
+
+
 def _add_bias(ctx: EditContext, i: int, d: np.ndarray) -> None:
     node = ctx.node(i)
+    if node.op_type == "MatMul":  # into the bias Add after it (refit.bias_add: found when the sums were made)
+        where = bias_add(ctx.model, i)
+        if where is not None:
+            j, k = where
+            c = ctx.get(j, k)
+            ctx.set(j, k, (c.astype(np.float64) + d.reshape(c.shape)).astype(c.dtype))
+        return
     if node.op_type == "Conv":
         if len(node.input) > 2 and node.input[2]:
             b = ctx.get(i, 2)

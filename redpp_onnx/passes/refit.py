@@ -9,7 +9,10 @@ original model's output of that Conv from what the reduced model now gives it:
 with ``y_orig`` the consumer's output in the original model and ``x_reduced`` its input in the
 reduced model (so the errors of the layers reduced before it are corrected too: the refit runs
 consumer by consumer in graph order). This generalises the merge's one-partner, one-scale
-compensation (METHOD.md Step 2) to every kept channel and every kernel tap.
+compensation (METHOD.md Step 2) to every kept channel and every kernel tap. A MatMul consumer
+``x[..., D] @ W`` (a transformer MLP's second layer) is refitted the same way, every token a row, when
+a constant bias Add follows it (:func:`bias_add`: the intercept goes there); without one it keeps
+its mean compensation, said in its row.
 
 **No data is read.** The statistics come from a *synthetic twin*:
 
@@ -32,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import onnx
@@ -298,8 +301,36 @@ def _patches(x: np.ndarray, node: onnx.NodeProto, wshape) -> np.ndarray:
     return cols.reshape(-1, c * kh * kw)
 
 
-def refittable(node: onnx.NodeProto) -> Optional[str]:
-    """None when the refit handles this consumer, else why not."""
+def bias_add(model: onnx.ModelProto, j: int) -> Optional[Tuple[int, int]]:
+    """``(node index, input position)`` of the bias of MatMul node ``j``: the only reader of its output is
+    an Add with a constant of the weight's output width (every other axis 1); None otherwise."""
+    from ..analysis.layers import ConstantTensors
+
+    g = model.graph
+    node = g.node[j]
+    readers = [(i, n) for i, n in enumerate(g.node) if node.output[0] in n.input]
+    if len(readers) != 1 or readers[0][1].op_type != "Add" or any(o.name == node.output[0] for o in g.output):
+        return None
+    i, add = readers[0]
+    k = 1 - list(add.input).index(node.output[0])
+    consts = ConstantTensors(model)
+    if add.input[k] not in consts or node.input[1] not in consts:
+        return None
+    c, w = consts.array(add.input[k]), consts.array(node.input[1])
+    if w.ndim != 2 or c.size != w.shape[1] or c.shape[-1] != w.shape[1]:
+        return None
+    return i, k
+
+
+def refittable(node: onnx.NodeProto, model: Optional[onnx.ModelProto] = None) -> Optional[str]:
+    """None when the refit handles this consumer, else why not (a MatMul needs ``model``: its bias
+    is the Add after it)."""
+    if node.op_type == "MatMul":
+        j = next((i for i, n in enumerate(model.graph.node) if n.output[0] == node.output[0]), None) \
+            if model is not None else None
+        if j is None or bias_add(model, j) is None:
+            return "MatMul consumer without a constant bias Add after it: not refitted (no place for the intercept)"
+        return None
     if node.op_type != "Conv":
         return f"{node.op_type} consumer: not refitted (the mean compensation stays)"
     at = {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -333,10 +364,12 @@ def make_twin(original: onnx.ModelProto, consumers: List[int], images: Optional[
     consts, shapes, fits = ConstantTensors(original), static_shapes(original), []
     for j in sorted(set(consumers)):
         node = original.graph.node[j]
-        if refittable(node) is None:
+        if refittable(node, original) is None:
             out_shape = shapes.get(node.output[0])
-            pos = math.prod(out_shape[2:]) if out_shape and all(isinstance(d, int) for d in out_shape[2:]) else 1
-            fits.append((consts.array(node.input[1])[0].size + 1, pos))
+            inner = (out_shape[2:] if node.op_type == "Conv" else out_shape[1:-1]) if out_shape else None
+            pos = math.prod(inner) if inner is not None and all(isinstance(d, int) for d in inner) else 1
+            w = consts.array(node.input[1])
+            fits.append(((w[0].size if node.op_type == "Conv" else w.shape[0]) + 1, pos))
     feeds = synthetic_feeds(original, images or images_needed(original, fits), seed)
     stats = bn_batch_stats(original, feeds)
     return Twin(twin(original, stats), feeds, bool(stats))
@@ -351,7 +384,8 @@ def refit(original: onnx.ModelProto, reduced: onnx.ModelProto, edit: Callable[[o
     notes, rows, todo = [], [], []
     for j in sorted(set(consumers)):
         node = reduced.graph.node[j]
-        why = refittable(node) if node.output[0] == original.graph.node[j].output[0] else "graph changed around it"
+        why = refittable(node, reduced) if node.output[0] == original.graph.node[j].output[0] else \
+            "graph changed around it"
         if why is not None:
             rows.append(RefitRow(node.name, 0, 0, float("nan"), float("nan"), False, why))
         else:
@@ -368,9 +402,11 @@ def refit(original: onnx.ModelProto, reduced: onnx.ModelProto, edit: Callable[[o
             progress(t, len(todo))
         done.append(_refit_one(tw.model, tw1, reduced, j, tw.feeds))
     rows += done
-    notes.append(f"refit: {sum(r.refitted for r in done)} of {len(todo)} consumer Conv(s) refitted by least squares "
-                 f"on {tw.images} synthetic images (natural-image noise, BatchNorm inputs at their running moments), "
-                 "data-free; the others say why in their rows")
+    kinds = "/".join(sorted({reduced.graph.node[j].op_type for j in todo}))
+    notes.append(f"refit: {sum(r.refitted for r in done)} of {len(todo)} consumer {kinds}(s) refitted by least squares "
+                 f"on {tw.images} synthetic samples (the model's synthetic inputs: natural-image noise for images, "
+                 "token ids uniform over their table; BatchNorm inputs at their running moments), data-free; the "
+                 "others say why in their rows")
     drift = twin_drift(tw, tw1)
     if drift is not None:
         notes.append(f"predicted output drift (relative L2 on the synthetic twin, data-free): {drift:.4f}")
@@ -391,6 +427,8 @@ def _refit_one(tw0, tw1, reduced, j: int, feeds) -> RefitRow:
     from ..passes.editors import EditContext
 
     node1 = tw1.graph.node[j]
+    if node1.op_type == "MatMul":
+        return _refit_matmul(tw0, tw1, reduced, j, feeds)
     ctx1 = EditContext(tw1)
     w = ctx1.get(j, 1).astype(np.float64)
     if w.ndim != 4:
@@ -434,5 +472,51 @@ def _refit_one(tw0, tw1, reduced, j: int, feeds) -> RefitRow:
             ctx.set(j, 2, bn.astype(ctx.get(j, 2).dtype))
         else:
             ctx.append_input(j, 2, bn.astype(np.float32))
+        ctx.commit()
+    return RefitRow(node1.name, nf, n, e0, err1)
+
+
+def _refit_matmul(tw0, tw1, reduced, j: int, feeds) -> RefitRow:
+    """A MatMul consumer ``x[..., D] @ W[D, F]`` and the bias Add after it: refitted like a 1x1 Conv
+    (every token a row), the intercept into the Add's constant."""
+    from ..passes.editors import EditContext
+
+    node1 = tw1.graph.node[j]
+    add_j, k = bias_add(tw1, j)
+    ctx1 = EditContext(tw1)
+    w = ctx1.get(j, 1).astype(np.float64)             # [D kept, F]
+    c0 = EditContext(tw0).get(add_j, k).astype(np.float64).reshape(-1)  # the original bias
+    shift = ctx1.get(add_j, k).astype(np.float64).reshape(-1) - c0     # what the compensation added
+    sess = _session(tw1, [node1.input[0]])
+    y_name = tw0.graph.node[j].output[0]
+    ref_sess = _session(tw0, [y_name])
+    nf = w.shape[0]
+    mom, syy, err0 = None, 0.0, 0.0
+    for f in feeds:
+        x = np.asarray(sess.run([node1.input[0]], f)[0], np.float64).reshape(-1, w.shape[0])
+        y = np.asarray(ref_sess.run([y_name], f)[0], np.float64)
+        if y.shape[-1] != w.shape[1]:
+            return RefitRow(node1.name, nf, 0, float("nan"), float("nan"), False, "consumer lost outputs too")
+        yy = y.reshape(-1, y.shape[-1])
+        err0 += float(np.sum((x @ w + shift - yy) ** 2))
+        mom = add_moments(mom, x, yy)
+        syy += float(np.sum(yy * yy))
+    n = mom[4] if mom is not None else 0
+    if n < ROWS_PER_FEATURE * nf:
+        return RefitRow(node1.name, nf, n, float("nan"), float("nan"), False,
+                        f"{n:,} synthetic rows for {nf:,} unknowns: fewer than {ROWS_PER_FEATURE} per unknown")
+    wn, bn, cxx, cxy = ridge_solve(mom)
+    my = mom[3] / n
+    total = syy - n * float(my @ my)
+    cyy_fit = float(np.trace(wn @ cxx @ wn.T) - 2 * np.trace(wn @ cxy) + (total / n))
+    err1 = math.sqrt(max(cyy_fit, 0.0) * n / max(total, 1e-300))
+    e0 = math.sqrt(err0 / max(total, 1e-300))
+    if not err1 < e0:
+        return RefitRow(node1.name, nf, n, e0, e0, False, "least squares did not improve on the twin")
+    for m in (tw1, reduced):
+        ctx = EditContext(m)
+        ctx.set(j, 1, wn.T.astype(ctx.get(j, 1).dtype))
+        c = ctx.get(add_j, k)
+        ctx.set(add_j, k, (c0 + bn).reshape(c.shape).astype(c.dtype))
         ctx.commit()
     return RefitRow(node1.name, nf, n, e0, err1)

@@ -247,3 +247,33 @@ def test_response_curve_shape():
     assert math.isclose(float(r(4.0)), 10.0)
     assert float(r(32.0)) > 160.0                    # keeps the last (superlinear) slope
     assert float(r(0.0)) == 0.0
+
+
+def test_a_one_point_response_stays_linear_above_its_point():
+    """The 'bn' and 'params' proxies give one-point (linear) responses; above that point the response was
+    flat, so every distortion above D = 1 cost what D = 1 costs."""
+    r = rd._linear(2.0)
+    np.testing.assert_allclose(r(np.array([0.5, 1.0, 10.0, 1e4])), [1.0, 2.0, 20.0, 2e4], rtol=1e-12)
+
+
+def test_a_table_behind_a_dynamic_sequence_keeps_its_rows(tmp_path):
+    """A BERT-style export with a dynamic sequence length cannot feed the synthetic sensitivity (the
+    'bn' estimate is used, said in the notes); its embedding table was collapsed to one value (relative
+    weight error 1.0) because the flat one-point response priced that like a tiny error."""
+    import json
+    from pathlib import Path
+
+    from redpp_onnx.cli import main
+
+    model = onnx.load(str(Path(__file__).resolve().parents[1] / "zoo" / "bertlike_ts.onnx"))
+    dim = model.graph.input[0].type.tensor_type.shape.dim[1]
+    dim.ClearField("dim_value")
+    dim.dim_param = "S"
+    src, out, rep = tmp_path / "dyn.onnx", tmp_path / "out.onnx", tmp_path / "r.json"
+    onnx.save(model, str(src))
+    assert main(["compress", str(src), "-o", str(out), "--report", str(rep), "-q"]) == 0
+    report = json.loads(rep.read_text())
+    assert any("sensitivity: the synthetic-input measurement cannot feed this model" in n for n in report["notes"])
+    table = next(l for l in report["layers"] if l["name"] == "/words/Gather")
+    assert table["distinct_after"] > 16 and table["rel_error"] < 0.1
+    assert max(l["rel_error"] for l in report["layers"] if "rel_error" in l) < 0.1
