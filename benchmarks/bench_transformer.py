@@ -131,7 +131,9 @@ def mlp_reduction(src: Path, ids: np.ndarray, ref: np.ndarray, work: Path, scrip
     from redpp_onnx.analysis.coupling import analyze_coupling
     from redpp_onnx.passes import reduce as R
 
-    model = io.load_model(src)
+    from redpp_onnx.analysis.fold import resolve_constant_identities
+
+    model, _ = resolve_constant_identities(io.load_model(src))  # as compress reads it (exported aliases)
     rows = []
 
     def add(method, setting, res, seconds):

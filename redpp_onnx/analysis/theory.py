@@ -520,6 +520,7 @@ class _Walker:
         self.consts = ConstantTensors(model)
         self.shapes = static_shapes(model)
         self.names = node_names(model)
+        self.producer = {o: n for n in model.graph.node for o in n.output}
         self.state: dict = {}  # tensor -> _Stat | str (the reason it is untracked)
         self.approx: list = []
         self.assumed = input_stats == "standard"
@@ -673,6 +674,10 @@ class _Walker:
         a_name, b_name = node.input[0], node.input[1]
         ca, cb = self.const(a_name), self.const(b_name)
         if ca is None and cb is None:
+            if op == "Mul":  # x * g(x): a gated activation written out (erf GELU, SiLU / Swish, x * x)
+                gated = self.gated(a_name, b_name) or self.gated(b_name, a_name)
+                if gated is not None:
+                    return gated
             a, b = self.get(a_name), self.get(b_name)
             if op in ("Mul", "Div"):
                 raise _Untracked(f"{label}: {op} of two activations is not supported by the statistics walk")
@@ -697,6 +702,61 @@ class _Walker:
         if ca is not None:
             raise _Untracked(f"{label}: division by an activation is not supported")
         return dataclasses.replace(s, mean=s.mean / c, var=s.var / (c * c))
+
+    GATE_UNARY = {"Erf": erf, "Tanh": np.tanh, "Sigmoid": lambda z: _sigmoid(z), "Relu": lambda z: np.maximum(z, 0.0),
+                  "Abs": np.abs, "Neg": np.negative, "Identity": lambda z: z}
+    """Unary ops a gate ``g(x)`` of ``x * g(x)`` may be written with (besides constant arithmetic)."""
+
+    def gate(self, name: str, root: str, s: _Stat, depth: int = 0):
+        """``g`` with ``name = g(root)`` elementwise, as a function of ``z`` (``[channels, points]``), when
+        ``name`` is computed from ``root`` alone through :data:`GATE_UNARY` ops and arithmetic with scalar
+        or per-channel constants; None otherwise."""
+        if name == root:
+            return lambda z: z
+        node = self.producer.get(name)
+        if node is None or depth > 12 or node.domain not in ("", "ai.onnx"):
+            return None
+        live = [x for x in node.input if x and self.const(x) is None]
+        if len(live) != 1:
+            return None
+        inner = self.gate(live[0], root, s, depth + 1)
+        if inner is None:
+            return None
+        op = node.op_type
+        if op in self.GATE_UNARY:
+            f = self.GATE_UNARY[op]
+            return lambda z: f(inner(z))
+        if op in _ELEMENTWISE and op != "HardSigmoid":
+            f, alpha = _ELEMENTWISE[op], _attr(node, "alpha", None)
+            return (lambda z: f(inner(z))) if alpha is None else (lambda z: f(inner(z), float(alpha)))
+        if op in ("Add", "Sub", "Mul", "Div", "Pow") and len(node.input) == 2:
+            k = 1 if node.input[0] == live[0] else 0
+            try:
+                c = self.per_channel(self.const(node.input[k]), s, op)[:, None]
+            except _Untracked:
+                return None
+            left = k == 1  # the live operand first
+            fn = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Pow": np.power}[op]
+            return (lambda z: fn(inner(z), c)) if left else (lambda z: fn(c, inner(z)))
+        return None
+
+    def gated(self, x_name: str, g_name: str) -> Optional[_Stat]:
+        """``x * g(x)`` with ``x`` tracked: its moments by Gauss-Hermite quadrature of ``z g(z)``."""
+        s = self.state.get(x_name)
+        if not isinstance(s, _Stat):
+            return None
+        g = self.gate(g_name, x_name, s)
+        if g is None:
+            return None
+        x, wq = _HERMITE
+        z = s.mean[:, None] + np.sqrt(np.maximum(s.var, 0.0))[:, None] * x[None, :]
+        with np.errstate(all="ignore"):
+            fz = z * np.broadcast_to(g(z), z.shape)
+        if not np.all(np.isfinite(fz)):
+            return None
+        m = fz @ wq
+        self.note("x * g(x) (a gated activation written out, e.g. erf GELU or SiLU): moments by quadrature")
+        return dataclasses.replace(s, mean=m, var=np.maximum((fz * fz) @ wq - m * m, 0.0))
 
     def per_channel(self, c: np.ndarray, s: _Stat, label: str) -> np.ndarray:
         """A constant operand as a per-channel vector (scalar or broadcast along axis 1 only)."""

@@ -119,3 +119,32 @@ def test_a_reduced_dynamo_export_keeps_its_static_shapes(name):
     shapes = static_shapes(res.model)
     assert shapes and all(shapes.get(o.name) for o in res.model.graph.output)
     onnx.shape_inference.infer_shapes(res.model, strict_mode=True)
+
+
+def test_a_gated_activation_written_out_is_followed():
+    """x * g(x): the TorchScript export's erf GELU (Div, Erf, Add, Mul, Mul) gives the moments of the dynamo
+    export's Gelu op (same seeded weights), and a SiLU x * Sigmoid(x) those of numerical integration."""
+    from scipy import integrate
+
+    from redpp_onnx.analysis.fold import resolve_constant_identities
+
+    ts, _ = resolve_constant_identities(onnx.load(str(ZOO / "bertlike_ts.onnx")))
+    a = moment_state(ts)["/layers.0/Mul_1_output_0"]
+    b = moment_state(onnx.load(str(ZOO / "bertlike_dynamo.onnx")))["gelu"]
+    np.testing.assert_allclose(a.mean, b.mean, rtol=1e-6)
+    np.testing.assert_allclose(a.var, b.var, rtol=1e-6)
+
+    model = _mlp_block()
+    for n in model.graph.node:
+        if n.op_type == "Relu":  # h = h1 * Sigmoid(h1)
+            n.CopyFrom(helper.make_node("Sigmoid", ["h1"], ["sg"]))
+    model.graph.node.insert(5, helper.make_node("Mul", ["h1", "sg"], ["h"]))
+    st = moment_state(model)
+    m, v = st["h1"].mean[0], st["h1"].var[0]
+    pdf = lambda z: math.exp(-(z - m) ** 2 / (2 * v)) / math.sqrt(2 * math.pi * v)  # noqa: E731
+    silu = lambda z: z / (1 + math.exp(min(-z, 700.0)))  # noqa: E731
+    lo, hi = m - 12 * math.sqrt(v), m + 12 * math.sqrt(v)
+    m1 = integrate.quad(lambda z: silu(z) * pdf(z), lo, hi)[0]
+    m2 = integrate.quad(lambda z: silu(z) ** 2 * pdf(z), lo, hi)[0]
+    assert st["h"].last
+    np.testing.assert_allclose([st["h"].mean[0], st["h"].var[0]], [m1, m2 - m1 * m1], rtol=1e-6)
