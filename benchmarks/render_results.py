@@ -623,8 +623,8 @@ def section_reduce(data) -> list[str]:
                            and abs(r["macs_removed"] - ours["macs_removed"]) < 1e-12)
                 ours_txt = (f"ours removes {_pct(row['params_removed'])} % of the eligible params "
                             f"({_pct(ours['macs_removed'])} % of the MACs) within {bar:g} points, data-free")
-            out.append(f"- The paper's α* columns (its own weights, α* = the largest α that keeps the validation "
-                       f"accuracy, chosen on data; share of parameters removed): "
+            out.append("- The paper's α* columns (its own weights, α* = the largest α that keeps the validation "
+                       "accuracy, chosen on data; share of parameters removed): "
                        + ", ".join(f"{k} {v:.2f} %" for k, v in paper.items()) + f". Here: {ours_txt}.")
         shares = [r for r in m["rows"] if r["method"] == "ours (redpp, multiples of 8)" and r.get("layers")]
         if shares:
@@ -669,9 +669,11 @@ def section_transformer(data) -> list[str]:
            f"held-out token-id sequences ({data['ids']}); ours loaded by `redpp_onnx.session()`, the others by "
            "onnxruntime; compress run in a fresh process without verification (wall time, peak RSS). The "
            "model's output is pooled features (a ReduceMean), so its default budget is 0.03 "
-           "(`config.default_budget`); the half-precision files (weights stored as float16 / bfloat16 and cast "
-           "to float32 for the compute) are compressed too, smaller = against the float32 file, and "
-           "against their own file.", "",
+           "(`config.default_budget`); the half-precision files are compressed too: the torch model exported "
+           "after `model.half()` (float16 weights and activations; onnxruntime loads it only with its "
+           "NchwcTransformer off, `runtime.HALF_COMPUTE_DISABLED`), and the weights stored as float16 / bfloat16 "
+           "and cast to float32 for the compute; smaller = against the float32 file, and against their own "
+           "file.", "",
            "| setting | file bytes | smaller | smaller than the half file | cosine min | cosine mean | compress s | "
            "peak MiB |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -680,7 +682,33 @@ def section_transformer(data) -> list[str]:
         half = f"{r['vs_half_file']:.2f}x" if r.get("vs_half_file") else "-"
         out.append(f"| {r['setting']} | {r['file_bytes']:,} | {r['ratio']:.2f}x | {half} | {r['cosine']['min']:.5f} | "
                    f"{r['cosine']['mean']:.5f} | {sec} | {mem} |")
-    return out + [""]
+    out.append("")
+    mlp = data.get("mlp_reduction")
+    if mlp:
+        widths = sorted({g["channels"] for g in mlp["groups"]})
+        out += ["### Fewer MLP hidden units (`--target-macs`)", "",
+                "Command: `python benchmarks/bench_transformer.py --part mlp`. The same encoder in float32, no "
+                f"hashing; the reducible groups are the {len(mlp['groups'])} MLP hidden layers "
+                f"({'/'.join(map(str, widths))} units, Gelu: pruning only, no scaled merge; attention's channels "
+                "pass reshapes into heads and stay). Ours: the closed-form choice, mean compensation into the "
+                "bias Add, the second MatMul refitted by least squares on the synthetic twin (token ids uniform "
+                "over the table: no data); L1-norm pruning (Li et al.) of the same share in every group, kept "
+                "counts multiples of 8, nothing compensated. MACs removed = share of the eligible MACs (every "
+                f"MatMul/Gemm with a constant weight). Exact merging: {mlp['exact_merge']}. Neuron-Merging-style: "
+                f"{mlp['neuron_merging']}.", "",
+                "| method | setting | MACs removed | hidden units removed | cosine min | cosine mean | s |",
+                "|---|---|---:|---:|---:|---:|---:|"]
+        for r in mlp["rows"]:
+            out.append(f"| {r['method']} | {r['setting']} | {100 * r['macs_removed']:.1f} % | "
+                       f"{r['channels_removed']:,} of {r['channels']:,} | {r['cosine']['min']:.5f} | "
+                       f"{r['cosine']['mean']:.5f} | {r['seconds']:.1f} |")
+        f = mlp["with_hashing"]
+        out += ["", f"With hashing and storage (`{f['how'].replace('redpp-onnx compress ', '')}`): "
+                f"{f['file_bytes']:,} bytes ({m['file_bytes'] / f['file_bytes']:.2f}x smaller than the float32 "
+                f"file), cosine min {f['cosine']['min']:.5f}, mean {f['cosine']['mean']:.5f}; {f['wall_s']:.1f} s, "
+                f"{f['peak_rss_mb']:.0f} MiB peak. The weights are random, not trained: their hidden units carry "
+                "no redundancy to find, so this measures the cost of the rule, not what a trained MLP allows.", ""]
+    return out
 
 
 def section_scale(data) -> list[str]:
