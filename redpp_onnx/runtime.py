@@ -78,7 +78,7 @@ def half_compute(model: onnx.ModelProto) -> bool:
     g = model.graph
     if any(v.type.tensor_type.elem_type in _HALF for v in list(g.input) + list(g.output)):
         return True
-    const = {t.name for t in g.initializer} | {t.name for t in g.sparse_initializer}
+    const = {t.name for t in g.initializer} | {t.values.name for t in g.sparse_initializer}
     const -= {v.name for v in g.input}
     for n in g.node:
         ins = [x for x in n.input if x]

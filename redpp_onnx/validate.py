@@ -44,7 +44,7 @@ def check_input_model(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, List[str
         model = copy
     try:
         onnx.checker.check_model(model)
-        return model, notes
+        return _without_contradicted_shapes(model, notes), notes
     except (onnx.checker.ValidationError, ValueError, TypeError) as err:
         first = _checker_message(err)
     fixed = onnx.ModelProto()
@@ -66,7 +66,34 @@ def check_input_model(model: onnx.ModelProto) -> Tuple[onnx.ModelProto, List[str
     except (onnx.checker.ValidationError, ValueError, TypeError):
         raise RedppError(f"the input model is not valid ONNX (onnx.checker: {first}); fix the export, or check "
                          "it with python -c \"import onnx; onnx.checker.check_model('MODEL.onnx')\"") from None
-    return fixed, notes
+    return _without_contradicted_shapes(fixed, notes), notes
+
+
+def _without_contradicted_shapes(model: onnx.ModelProto, notes: List[str]) -> onnx.ModelProto:
+    """``model``, or a copy without its ``value_info`` when those shape hints contradict the shapes the
+    graph itself gives (strict shape inference fails with them and passes without them; noted).
+    onnxruntime loads such a model, but a pass that rewrites a node near a wrong hint can make it
+    unloadable (found by the fuzzer: a Conv's output stated [1, 5, 7] for [N, 32, T])."""
+    if not len(model.graph.value_info):
+        return model
+
+    def consistent(m) -> bool:
+        try:
+            onnx.shape_inference.infer_shapes(m, strict_mode=True)
+            return True
+        except Exception:  # noqa: BLE001 -- onnx raises several kinds; any failure counts as not consistent
+            return False
+
+    if consistent(model):
+        return model
+    bare = onnx.ModelProto()
+    bare.CopyFrom(model)
+    del bare.graph.value_info[:]
+    if not consistent(bare):
+        return model  # something else fails shape inference (e.g. a custom op): the hints are not the cause
+    notes.append(f"{len(model.graph.value_info)} value_info entries (shape hints) contradict the shapes the graph "
+                 "gives (strict shape inference); they were dropped")
+    return bare
 
 
 def _check_unique_names(model: onnx.ModelProto) -> None:

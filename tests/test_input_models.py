@@ -206,3 +206,22 @@ def test_relaxed_merge_that_leaves_a_grouped_conv_with_one_group_is_reported(tmp
     code, report, _ = _compress(capsys, ZOO / name, "--alpha", "0.3", "-o", str(tmp_path / "o.onnx"))
     assert code == 0
     assert report["model"]["merge_channels_removed"] > 0
+
+
+def test_shape_hints_that_contradict_the_graph_are_dropped_and_said(tmp_path, capsys):
+    """A value_info stating [1, 5, 7] for a Conv -> Relu output of [N, 32, T] (found by the fuzzer):
+    onnxruntime loads the input, but with --split all the output could not be loaded (exit 1, "please
+    report it"). The hints are dropped before the passes, with a note."""
+    model = onnx.load(str(ZOO / "conv1d_ts.onnx"))
+    vi = helper.make_tensor_value_info("/net/net.6/Relu_output_0", TensorProto.FLOAT, [1, 5, 7])
+    model.graph.value_info.append(vi)
+    src, out, rep = tmp_path / "hints.onnx", tmp_path / "out.onnx", tmp_path / "r.json"
+    onnx.save(model, str(src))
+    assert main(["compress", str(src), "-o", str(out), "--split", "all", "--report", str(rep), "-q"]) == 0
+    notes = json.loads(rep.read_text())["notes"]
+    assert any("value_info entries (shape hints) contradict the shapes the graph gives" in n for n in notes)
+    assert redpp_onnx.session(str(out)).run(None, {"x": np.zeros((2, 8, 40), np.float32)})[0].shape == (2, 4)
+    # a model whose hints agree keeps them (and gets no note)
+    assert main(["compress", str(ZOO / "conv1d_ts.onnx"), "-o", str(tmp_path / "o2.onnx"), "--report",
+                 str(tmp_path / "r2.json"), "-q"]) == 0
+    assert not any("shape hints" in n for n in json.loads((tmp_path / "r2.json").read_text())["notes"])
