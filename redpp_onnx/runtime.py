@@ -23,8 +23,8 @@ _LIBRARY_NAME = {"darwin": "libredpp_ops.dylib", "win32": "redpp_ops.dll"}
 
 HALF_COMPUTE_DISABLED = ("NchwcTransformer",)
 """Graph optimizers :func:`session` turns off for a model that computes in float16 / bfloat16
-(:func:`half_compute`): onnxruntime (1.24-1.32 measured here, x86-64) dereferences a null pointer in
-its NchwcTransformer when it meets the Casts it inserted around half-precision ops it has no CPU
+(:func:`half_compute`): onnxruntime on x86-64 (1.32 here; 1.24 and 1.25 in the upstream report)
+dereferences a null pointer in its NchwcTransformer when it meets the Casts it inserted around half-precision ops it has no CPU
 kernel for (microsoft/onnxruntime#28392): the process dies creating the session (SIGSEGV), e.g.
 on a transformer exported after ``model.half()``. That transformer rewrites only float32 Convs and
 pools (and the ops between them) into the NCHWc layout: a graph computing in half precision loses
