@@ -142,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...",
                    help="the shape of an input whose dimensions the model leaves dynamic, for the verification, "
                         "the MAC counts and --split auto (repeat per input; NAME= may be left out for a "
-                        "single-input model). Without it, dynamic dims other than the batch are verified at 64")
+                        "single-input model). Without it, dynamic dims other than the batch are verified at 64 "
+                        "(or the first of 32, 16, ... 1 at which the model runs)")
     c.add_argument("--max-rel-l2", type=float, metavar="X",
                    help="fail (exit 3, no model written; the --report is) when the verification's relative L2 "
                         "difference exceeds X, e.g. 0.1 as a gate in a pipeline")

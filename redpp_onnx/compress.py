@@ -323,7 +323,8 @@ def _guess_note(verify_info: dict) -> list:
         return notes
     shapes = "; ".join(f"{k} {v}" for k, v in verify_info["input_shapes"].items())
     return notes + [f"verification fed {shapes}: the dynamic dimensions of {', '.join(verify_info['guessed_dims'])} "
-                    f"were set to {verify.GUESS_DIM}; give the real sizes with --input-shape NAME=D0,D1,... (also "
+                    f"were guessed ({verify.GUESS_DIM}, or the first of {', '.join(map(str, verify.GUESS_FALLBACKS))} "
+                    "at which the input model runs); give the real sizes with --input-shape NAME=D0,D1,... (also "
                     "counts MACs and lets --split auto predict timings for them)"]
 
 

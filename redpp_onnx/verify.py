@@ -23,7 +23,8 @@ one applied, with its distribution and range):
 * floats: standard normal.
 
 The batch axis (a dynamic first dimension) is ``batch`` samples per run; other dynamic dims take
-the shapes given (``--input-shape``) or else ``GUESS_DIM`` (said in the report). With ``data``
+the shapes given (``--input-shape``) or else ``GUESS_DIM``, or the first of ``GUESS_FALLBACKS`` at
+which the input model runs (said in the report). With ``data``
 (``--verify-data``: an npz of named inputs, checked against the model) every sample of it is used
 instead, ``batch`` at a time.
 
@@ -62,6 +63,10 @@ _NP_TYPE = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.floa
 
 
 GUESS_DIM = 64
+GUESS_FALLBACKS = (32, 16, 8, 4, 2, 1)
+"""Sizes tried in turn for the guessed dynamic dims when the input model does not run at ``GUESS_DIM``
+(e.g. a transformer whose learned position table has 16 rows: a sequence of 64 fails in its Add);
+the first size at which the input model runs is verified (said in the report)."""
 """A dynamic dimension other than the batch, without a shape from the user, gets this size."""
 UNKNOWN_INTEGERS = "integers of unknown use"
 """How the rule for integer inputs that index no table begins its ``why`` (no sample fits them)."""
@@ -249,7 +254,7 @@ def _rule(graph: _Graph, name: str, dtype: np.dtype) -> dict:
 
 
 def plan_inputs(model: onnx.ModelProto, batch: int = 2, shapes: Optional[dict] = None,
-                guessed: Optional[list] = None) -> list:
+                guessed: Optional[list] = None, guess: int = GUESS_DIM) -> list:
     """One :class:`InputPlan` per graph input. Shapes: ``shapes[name]`` when given; else a dynamic
     first dimension is the batch and other dynamic ones get ``GUESS_DIM`` (their inputs' names are
     appended to ``guessed``)."""
@@ -272,7 +277,7 @@ def plan_inputs(model: onnx.ModelProto, batch: int = 2, shapes: Optional[dict] =
                 elif axis == 0:
                     shape.append(batch)
                 else:
-                    shape.append(GUESS_DIM)
+                    shape.append(guess)
                     if guessed is not None and vi.name not in guessed:
                         guessed.append(vi.name)
             shape = tuple(shape)
@@ -444,6 +449,8 @@ def compare(original: onnx.ModelProto, candidate: onnx.ModelProto, *, batch: int
     spent = 0.0
     stopped = ""
     shapes_fed = {}
+    fallbacks = list(GUESS_FALLBACKS) if data is None and guessed else []
+    first_failure = None
     for feeds in feeds_iter:
         if data is None and shorten and count + _samples_in(feeds) > samples:
             feeds = {k: v[:samples - count] for k, v in feeds.items()}  # the last run, shortened
@@ -456,11 +463,17 @@ def compare(original: onnx.ModelProto, candidate: onnx.ModelProto, *, batch: int
         except Exception as err:  # noqa: BLE001 - e.g. a size the model does not accept
             if runs:
                 raise
+            first_failure = first_failure or (feeds, err)
+            if fallbacks:  # the guessed dynamic dims: the next smaller size (the generator reads `plans`)
+                plans = plan_inputs(original, batch, shapes, None, fallbacks.pop(0))
+                continue
+            feeds, err = first_failure  # said at the guess (GUESS_DIM), with the sizes also tried in the hint
             fed = ", ".join(f"{k} {list(v.shape)}" for k, v in feeds.items())
             if data is not None:
                 raise RedppError(f"--verify-data {data.source}: the input model does not run on it ({fed}): "
                                  f"{ort_message(err)}") from None
-            hint = (f" (dynamic dims of {', '.join(guessed)} set to {GUESS_DIM}: give the real sizes with "
+            hint = (f" (dynamic dims of {', '.join(guessed)} set to {GUESS_DIM}, then {GUESS_FALLBACKS[0]} down to "
+                    f"{GUESS_FALLBACKS[-1]}: give the real sizes with "
                     "--input-shape NAME=D0,D1,...)" if guessed else "")
             raise RedppError(f"the input model does not run on the verification inputs {fed}{hint}: "
                              f"{ort_message(err)}; or verify on your own inputs with --verify-data DATA.npz") from None
