@@ -423,6 +423,36 @@ def twin_drift(tw: Twin, reduced_twin: onnx.ModelProto) -> Optional[float]:
     return math.sqrt(num / den) if den > 0 else None
 
 
+def _fit(name: str, nf: int, rows) -> tuple:
+    """The least squares of one consumer: ``rows`` yields ``(x rows, y rows, the current prediction of
+    y)`` per batch of the twin, or None when the consumer lost outputs too. ``(RefitRow, W, b)``; W and
+    b are None when the fit is not taken (too few rows per unknown, or no better on the twin: the row
+    says why)."""
+    mom, syy, err0 = None, 0.0, 0.0
+    for batch in rows:
+        if batch is None:
+            return RefitRow(name, nf, 0, float("nan"), float("nan"), False, "consumer lost outputs too"), None, None
+        xp, yy, pred = batch
+        err0 += float(np.sum((pred - yy) ** 2))
+        mom = add_moments(mom, xp, yy)
+        syy += float(np.sum(yy * yy))
+    n = mom[4] if mom is not None else 0
+    if n < ROWS_PER_FEATURE * nf:
+        return RefitRow(name, nf, n, float("nan"), float("nan"), False,
+                        f"{n:,} synthetic rows for {nf:,} unknowns: fewer than {ROWS_PER_FEATURE} per unknown "
+                        f"(the input budget of {MAX_INPUT_ELEMENTS:,} values allows no more samples)"), None, None
+    wn, bn, cxx, cxy = ridge_solve(mom)
+    my = mom[3] / n
+    total = syy - n * float(my @ my)
+    # residual energy of the fit (training error on the synthetic twin)
+    cyy_fit = float(np.trace(wn @ cxx @ wn.T) - 2 * np.trace(wn @ cxy) + (total / n))
+    err1 = math.sqrt(max(cyy_fit, 0.0) * n / max(total, 1e-300))
+    e0 = math.sqrt(err0 / max(total, 1e-300))
+    if not err1 < e0:  # never make it worse on the twin
+        return RefitRow(name, nf, n, e0, e0, False, "least squares did not improve on the twin"), None, None
+    return RefitRow(name, nf, n, e0, err1), wn, bn
+
+
 def _refit_one(tw0, tw1, reduced, j: int, feeds) -> RefitRow:
     from ..passes.editors import EditContext
 
@@ -438,33 +468,21 @@ def _refit_one(tw0, tw1, reduced, j: int, feeds) -> RefitRow:
     sess = _session(tw1, [node1.input[0]])
     y_name = tw0.graph.node[j].output[0]
     ref_sess = _session(tw0, [y_name])
-    nf = w[0].size
-    mom, syy, err0 = None, 0.0, 0.0
     wf = w.reshape(w.shape[0], -1)
-    for f in feeds:
-        x = np.asarray(sess.run([node1.input[0]], f)[0], np.float64)
-        y = np.asarray(ref_sess.run([y_name], f)[0], np.float64)
-        if y.shape[1] != w.shape[0]:
-            return RefitRow(node1.name, nf, 0, float("nan"), float("nan"), False, "consumer lost outputs too")
-        xp = _patches(x, node1, w.shape)
-        yy = np.moveaxis(y, 1, -1).reshape(-1, y.shape[1])
-        err0 += float(np.sum((xp @ wf.T + b - yy) ** 2))
-        mom = add_moments(mom, xp, yy)
-        syy += float(np.sum(yy * yy))
-    n = mom[4] if mom is not None else 0
-    if n < ROWS_PER_FEATURE * nf:
-        return RefitRow(node1.name, nf, n, float("nan"), float("nan"), False,
-                        f"{n:,} synthetic rows for {nf:,} unknowns: fewer than {ROWS_PER_FEATURE} per unknown "
-                        f"(the input budget of {MAX_INPUT_ELEMENTS:,} values allows no more images)")
-    wn, bn, cxx, cxy = ridge_solve(mom)
-    my = mom[3] / n
-    total = syy - n * float(my @ my)
-    # residual energy of the fit (training error on the synthetic twin)
-    cyy_fit = float(np.trace(wn @ cxx @ wn.T) - 2 * np.trace(wn @ cxy) + (total / n))
-    err1 = math.sqrt(max(cyy_fit, 0.0) * n / max(total, 1e-300))
-    e0 = math.sqrt(err0 / max(total, 1e-300))
-    if not err1 < e0:  # never make it worse on the twin
-        return RefitRow(node1.name, nf, n, e0, e0, False, "least squares did not improve on the twin")
+
+    def rows():
+        for f in feeds:
+            x = np.asarray(sess.run([node1.input[0]], f)[0], np.float64)
+            y = np.asarray(ref_sess.run([y_name], f)[0], np.float64)
+            if y.shape[1] != w.shape[0]:
+                yield None
+                return
+            xp = _patches(x, node1, w.shape)
+            yield xp, np.moveaxis(y, 1, -1).reshape(-1, y.shape[1]), xp @ wf.T + b
+
+    row, wn, bn = _fit(node1.name, w[0].size, rows())
+    if wn is None:
+        return row
     for m in (tw1, reduced):
         ctx = EditContext(m)
         ctx.set(j, 1, wn.reshape(w.shape).astype(ctx.get(j, 1).dtype))
@@ -473,7 +491,7 @@ def _refit_one(tw0, tw1, reduced, j: int, feeds) -> RefitRow:
         else:
             ctx.append_input(j, 2, bn.astype(np.float32))
         ctx.commit()
-    return RefitRow(node1.name, nf, n, e0, err1)
+    return row
 
 
 def _refit_matmul(tw0, tw1, reduced, j: int, feeds) -> RefitRow:
@@ -490,33 +508,23 @@ def _refit_matmul(tw0, tw1, reduced, j: int, feeds) -> RefitRow:
     sess = _session(tw1, [node1.input[0]])
     y_name = tw0.graph.node[j].output[0]
     ref_sess = _session(tw0, [y_name])
-    nf = w.shape[0]
-    mom, syy, err0 = None, 0.0, 0.0
-    for f in feeds:
-        x = np.asarray(sess.run([node1.input[0]], f)[0], np.float64).reshape(-1, w.shape[0])
-        y = np.asarray(ref_sess.run([y_name], f)[0], np.float64)
-        if y.shape[-1] != w.shape[1]:
-            return RefitRow(node1.name, nf, 0, float("nan"), float("nan"), False, "consumer lost outputs too")
-        yy = y.reshape(-1, y.shape[-1])
-        err0 += float(np.sum((x @ w + shift - yy) ** 2))
-        mom = add_moments(mom, x, yy)
-        syy += float(np.sum(yy * yy))
-    n = mom[4] if mom is not None else 0
-    if n < ROWS_PER_FEATURE * nf:
-        return RefitRow(node1.name, nf, n, float("nan"), float("nan"), False,
-                        f"{n:,} synthetic rows for {nf:,} unknowns: fewer than {ROWS_PER_FEATURE} per unknown")
-    wn, bn, cxx, cxy = ridge_solve(mom)
-    my = mom[3] / n
-    total = syy - n * float(my @ my)
-    cyy_fit = float(np.trace(wn @ cxx @ wn.T) - 2 * np.trace(wn @ cxy) + (total / n))
-    err1 = math.sqrt(max(cyy_fit, 0.0) * n / max(total, 1e-300))
-    e0 = math.sqrt(err0 / max(total, 1e-300))
-    if not err1 < e0:
-        return RefitRow(node1.name, nf, n, e0, e0, False, "least squares did not improve on the twin")
+
+    def rows():
+        for f in feeds:
+            x = np.asarray(sess.run([node1.input[0]], f)[0], np.float64).reshape(-1, w.shape[0])
+            y = np.asarray(ref_sess.run([y_name], f)[0], np.float64)
+            if y.shape[-1] != w.shape[1]:
+                yield None
+                return
+            yield x, y.reshape(-1, y.shape[-1]), x @ w + shift
+
+    row, wn, bn = _fit(node1.name, w.shape[0], rows())
+    if wn is None:
+        return row
     for m in (tw1, reduced):
         ctx = EditContext(m)
         ctx.set(j, 1, wn.T.astype(ctx.get(j, 1).dtype))
         c = ctx.get(add_j, k)
         ctx.set(add_j, k, (c0 + bn).reshape(c.shape).astype(c.dtype))
         ctx.commit()
-    return RefitRow(node1.name, nf, n, e0, err1)
+    return row
