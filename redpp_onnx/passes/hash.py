@@ -130,25 +130,28 @@ class HashPass:
         with --input-shape) set to the verification's guesses in turn (``verify.GUESS_DIM``, then
         ``GUESS_FALLBACKS``): the first size at which the model runs (noted); ``(None, None)`` when none."""
         from ..analysis.layers import _INPUT_SHAPES, input_shapes
+        from ..errors import RedppError
         from ..hashing import rd
         from ..runtime import ORT_ERRORS
-        from ..verify import GUESS_DIM, GUESS_FALLBACKS
+        from ..verify import GUESS_DIM, GUESS_FALLBACKS, plan_inputs
 
-        dynamic = _dynamic_inputs(model)
-        if not dynamic:
-            return None, None
         c = self.config
+        given = _INPUT_SHAPES.get()
         for g in (GUESS_DIM,) + tuple(GUESS_FALLBACKS):
-            shapes = {**_INPUT_SHAPES.get(),
-                      **{name: tuple(1 if k == 0 else (g if d is None else d) for k, d in enumerate(dims))
-                         for name, dims in dynamic.items()}}
+            guessed = []  # the verification's own guess (its inputs named here); batch 1
+            try:
+                shapes = {**given, **{p.name: p.shape for p in plan_inputs(model, 1, given, guessed, g)}}
+            except RedppError:  # an input the verification cannot draw either
+                return None, None
+            if not guessed:  # no dynamic dim to guess: the synthetic inputs fail for another reason
+                return None, None
             try:
                 with input_shapes(shapes):
                     out, res = rd.rd_hash(model, budget, target_bits=c.target_bits, proxy="synthetic",
                                           progress=self.progress, workers=c.workers, **settings)
             except (rd.SyntheticInputsUnavailable, *ORT_ERRORS):
                 continue
-            notes.append(f"sensitivity measured with the dynamic dims of {', '.join(dynamic)} set to {g} (the first "
+            notes.append(f"sensitivity measured with the dynamic dims of {', '.join(guessed)} set to {g} (the first "
                          f"of {GUESS_DIM}, {', '.join(map(str, GUESS_FALLBACKS))} at which the model runs); "
                          "--input-shape NAME=D0,D1,... measures it at the real sizes")
             return out, res
@@ -194,23 +197,6 @@ class HashPass:
         result.rd["effort"] = c.effort
         result.rd["notes"] = notes
         return result
-
-
-def _dynamic_inputs(model: onnx.ModelProto) -> dict:
-    """Graph inputs with a dynamic dim other than the batch that the shapes given (``--input-shape``)
-    do not fix: name -> dims (an int, or None where dynamic)."""
-    from ..analysis.layers import _INPUT_SHAPES
-
-    given = _INPUT_SHAPES.get()
-    inits = {t.name for t in model.graph.initializer}
-    out = {}
-    for vi in model.graph.input:
-        if vi.name in inits or vi.name in given or not vi.type.HasField("tensor_type"):
-            continue
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
-        if any(d is None for d in dims[1:]):
-            out[vi.name] = dims
-    return out
 
 
 def rd_pass_result(model: onnx.ModelProto, out: onnx.ModelProto, res) -> HashPassResult:

@@ -217,7 +217,7 @@ def _consumer_sums(consts: ConstantTensors, graph: onnx.GraphProto, op, channels
     if node.op_type == "Gemm":
         alpha = next((a.f for a in node.attribute if a.name == "alpha"), 1.0)
         return alpha * blocks.reshape(channels, op.inner, -1).sum(axis=1)
-    if node.op_type == "MatMul" and w.ndim == 2 and model is not None and bias_add(model, op.node) is not None:
+    if node.op_type == "MatMul" and w.ndim == 2 and model is not None and bias_add(model, op.node, consts) is not None:
         return blocks.reshape(channels, op.inner, -1).sum(axis=1)
     return None
 

@@ -301,9 +301,10 @@ def _patches(x: np.ndarray, node: onnx.NodeProto, wshape) -> np.ndarray:
     return cols.reshape(-1, c * kh * kw)
 
 
-def bias_add(model: onnx.ModelProto, j: int) -> Optional[Tuple[int, int]]:
+def bias_add(model: onnx.ModelProto, j: int, consts=None) -> Optional[Tuple[int, int]]:
     """``(node index, input position)`` of the bias of MatMul node ``j``: the only reader of its output is
-    an Add with a constant of the weight's output width (every other axis 1); None otherwise."""
+    an Add with a constant of the weight's output width (every other axis 1); None otherwise.
+    ``consts``: the model's ``ConstantTensors`` when the caller has them."""
     from ..analysis.layers import ConstantTensors
 
     g = model.graph
@@ -313,7 +314,7 @@ def bias_add(model: onnx.ModelProto, j: int) -> Optional[Tuple[int, int]]:
         return None
     i, add = readers[0]
     k = 1 - list(add.input).index(node.output[0])
-    consts = ConstantTensors(model)
+    consts = ConstantTensors(model) if consts is None else consts
     if add.input[k] not in consts or node.input[1] not in consts:
         return None
     c, w = consts.array(add.input[k]), consts.array(node.input[1])
