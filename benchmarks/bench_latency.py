@@ -39,6 +39,8 @@ from redpp_onnx import io, session  # noqa: E402
 from redpp_onnx.bench import timed_pair  # noqa: E402
 from redpp_onnx.compress import compress  # noqa: E402
 from redpp_onnx.config import CompressConfig, MergeConfig  # noqa: E402
+from redpp_onnx.analysis.layers import scan_layers  # noqa: E402
+from redpp_onnx.passes import layout  # noqa: E402
 from redpp_onnx.passes.split import SplitConfig  # noqa: E402
 
 MODELS = ("cifar10_resnet20.onnx", "cifar10_resnet56.onnx", "imagenet_efficientnet_lite0.onnx")
@@ -56,6 +58,9 @@ def main(argv=None):
     ap.add_argument("--channel-multiple", nargs="*", type=int, default=[8],
                     help="with --target-macs: kept channel counts multiples of each N given (8: AVX2's NCHWc block, "
                          "16: AVX-512's)")
+    ap.add_argument("--top1", action="store_true",
+                    help="also the top-1 of every timed output on the model's exact data (bench_rd.MODELS, cached)")
+    ap.add_argument("--cache", default="/tmp/rd_cache", help="evaluation cache of --top1 (shared with bench_rd.py)")
     args = ap.parse_args(argv)
     default_steps = CompressConfig().steps
     variants = {"A/A control": None,  # the original against itself: the measurement's own noise
@@ -63,11 +68,18 @@ def main(argv=None):
                 "split all": CompressConfig(steps=tuple(dict.fromkeys(default_steps + ("split",))),
                                             split=SplitConfig(mode="all"), verify=False)}
     if args.target_macs:
-        variants = {"A/A control": None}
+        # the exact layout rewrite alone, then per target: the channel reduction alone (what
+        # bench_reduce measures top-1 of), the same without the layout rewrite, and the default
+        # steps (hashing and codebooks too)
+        variants = {"A/A control": None, "layout only": "layout"}
         for f in args.target_macs:
             for n in args.channel_multiple:
                 label = f"target-macs {f:g}" + ("" if n == 8 else f" (multiples of {n})")
-                variants[label] = CompressConfig(merge=MergeConfig(target_macs=f, channel_multiple=n), verify=False)
+                merge = MergeConfig(target_macs=f, channel_multiple=n)
+                variants[label + ", reduction only"] = CompressConfig(steps=("merge",), merge=merge, verify=False)
+                variants[label + ", reduction only, --no-layout"] = CompressConfig(steps=("merge",), merge=merge,
+                                                                                   verify=False, layout=False)
+                variants[label] = CompressConfig(merge=merge, verify=False)
     rows = []
     print(f"default steps: {','.join(default_steps)}; onnxruntime {onnxruntime.__version__}")
     print(f"{'model':34} {'variant':10} {'batch':>5} {'thr':>3} {'orig ms':>9} {'emitted ms':>10} {'ratio':>6} "
@@ -75,8 +87,15 @@ def main(argv=None):
     for name in args.models:
         original = io.load_model(Path(args.shared) / name)
         shape = [d.dim_value for d in original.graph.input[0].type.tensor_type.shape.dim[1:]]
+        ev = _evaluator(Path(args.shared), name, Path(args.cache)) if args.top1 else None
         for variant, cfg in variants.items():
-            emitted, report = (original, None) if cfg is None else compress(original, cfg)
+            if cfg == "layout":
+                emitted, report = layout.rewrite(original, _macs(original)).model, None
+            else:
+                emitted, report = (original, None) if cfg is None else compress(original, cfg)
+            top1 = ev.model_result(emitted)["top1"] if ev is not None else None
+            if top1 is not None:
+                print(f"{name} {variant}: top-1 {100 * top1:.2f} (original {100 * ev.ref_top1:.2f}, exact data)")
             for batch in (1, 32):
                 x = np.random.default_rng(0).standard_normal([batch] + shape).astype(np.float32)
                 for threads in (1, 2):
@@ -106,7 +125,8 @@ def main(argv=None):
                            "split_layers": report.model.get("split_layers") if report else 0,
                            "pruning_ratio": report.model["pruning_ratio"] if report else 0.0,
                            "macs_before": report.model.get("macs_before") if report else None,
-                           "macs_after": report.model.get("macs_after") if report else None}
+                           "macs_after": report.model.get("macs_after") if report else None,
+                           "top1": top1, "original_top1": ev.ref_top1 if ev is not None else None}
                     rows.append(row)
                     flag = "" if variant != "default" or row["ratio"] <= LIMIT else "  > 1.02x"
                     print(f"{name:34} {variant:10} {batch:>5} {threads:>3} {row['original_ms']:9.2f} "
@@ -122,6 +142,20 @@ def main(argv=None):
                                         "session_pairs": args.session_pairs,
                                         "default_steps": list(default_steps), "limit": LIMIT},
                                "rows": rows})
+
+
+def _macs(model):
+    macs = [l.macs for l in scan_layers(model).layers]
+    return sum(macs) if macs and None not in macs else None
+
+
+def _evaluator(shared: Path, name: str, cache: Path):
+    from bench_rd import MODELS, Evaluator
+
+    for model_file, data_file, _, batch in MODELS.values():
+        if model_file == name:
+            return Evaluator(shared / model_file, shared / data_file, cache, batch)
+    return None
 
 
 if __name__ == "__main__":

@@ -138,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--memory-limit", metavar="SIZE",
                    help="memory the in-memory path may use (e.g. 8G; default: the memory available when the "
                         "command starts); a model whose estimated peak (30x its bytes) exceeds it is streamed")
+    c.add_argument("--no-layout", action="store_true",
+                   help="keep zero channel paddings (option-A shortcuts) as they are; by default they become exact "
+                        "1x1 Convs so that onnxruntime's blocked NCHWc layout does not break there")
     c.add_argument("--no-verify", action="store_true", help="skip the check on seeded random inputs")
     c.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...",
                    help="the shape of an input whose dimensions the model leaves dynamic, for the verification, "
@@ -227,7 +230,7 @@ def _compress(args) -> int:
                           rule=args.merge_rule),
         calibrate=args.calibrate, max_drop=args.max_drop,
         split=SplitConfig(mode=args.split, portable=args.portable, tune=args.tune, tolerance=args.split_tolerance),
-        codebook=not args.plain, storage=args.storage, verify=not args.no_verify,
+        codebook=not args.plain, storage=args.storage, verify=not args.no_verify, layout=not args.no_layout,
         verify_data=args.verify_data, verify_samples=args.verify_samples,
         input_shapes=_input_shapes(args.input_shape, args.input))
     src, dst = Path(args.input), Path(args.output)

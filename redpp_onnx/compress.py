@@ -19,6 +19,7 @@ from .analysis.layers import ConstantTensors, check_input_shapes, input_shapes, 
 from .config import CompressConfig
 from .errors import RedppError
 from .passes.hash import HashPass, refusal_dict, store_codebooks
+from .passes import layout
 from .passes.merge import MergePass, calibrate
 from .passes.split import SplitPass
 from .report import Report
@@ -102,12 +103,20 @@ def _compress(model, config: CompressConfig, *, progress, file_bytes_before, plo
         out = hashed.model
     storage_info = storage.describe(out) if hashed is not None and hashed.codebook_layers else None
     out, restored = restore_constant_casts(out, folded)
+    layout_result = None
+    if config.layout:  # exact: zero channel paddings as 1x1 Convs (onnxruntime's NCHWc chain holds)
+        layout_result = layout.rewrite(out, _eligible_macs(eligible_before))
+        out = layout_result.model
     try:
         onnx.checker.check_model(out)
     except onnx.checker.ValidationError as err:  # a bug of ours, not the user's: say so
         raise RuntimeError(f"redpp-onnx produced an invalid model ({err}); please report it") from err
 
     summary, layers = _summary(eligible_before, hashed, merged, split, config.split.tolerance, final_scan)
+    if layout_result is not None and layout_result.rows:
+        summary["layout"] = layout_result.to_dict()
+        if summary["macs_after"] is not None:  # the 1x1 Convs count (exact, but not free)
+            summary["macs_after"] += layout_result.macs_added
     summary["file_bytes_before"] = file_bytes_before
     summary["file_bytes_after"] = len(io.serialize(out))
     summary["nodes_before"] = _op_counts(model)
@@ -140,7 +149,7 @@ def _compress(model, config: CompressConfig, *, progress, file_bytes_before, plo
                     verify=verify_info, timings=timings,
                     notes=(input_notes + _notes(config, hashed, merged, split, calibration, storage_info) + _control_flow_note(model)
                            + half_compute_note(out) + _alias_note(aliases) + _cast_note(folded, restored) + _verify_warning(verify_info)
-                           + _guess_note(verify_info)),
+                           + _guess_note(verify_info) + _layout_note(layout_result)),
                     input=source,
                     merge_groups=[dataclasses.asdict(g) for g in merged.groups] if merged else None,
                     calibration=dataclasses.asdict(calibration) if calibration else None)
@@ -346,6 +355,26 @@ def _control_flow_note(model: onnx.ModelProto) -> list:
     kinds = ", ".join(sorted({n.op_type for n in nodes}))
     return [f"{len(nodes)} control-flow node(s) ({kinds}): their subgraphs are left untouched, and channels "
             "that a subgraph reads are not merged"]
+
+
+def _eligible_macs(scan) -> Optional[int]:
+    macs = [l.macs for l in scan.layers]
+    return sum(macs) if macs and None not in macs else None
+
+
+def _layout_note(result) -> list:
+    if result is None or not result.rows:
+        return []
+    done = [r for r in result.rows if r.rewritten]
+    left = [f"{r.name}: {r.reason}" for r in result.rows if not r.rewritten]
+    note = []
+    if done:
+        note.append(f"layout: {len(done)} zero channel padding(s) (with {sum(r.slices for r in done)} strided "
+                    f"Slice(s)) rewritten as 1x1 Conv, exact, +{result.macs_added:,} MACs counted: onnxruntime's "
+                    "blocked NCHWc layout no longer breaks there (--no-layout keeps them)")
+    if left:
+        note.append("layout: not rewritten: " + "; ".join(left[:3]) + (" ..." if len(left) > 3 else ""))
+    return note
 
 
 def _notes(config, hashed, merged, split, calibration, storage_info=None) -> list:

@@ -151,6 +151,8 @@ class CompressConfig:
     #                             load path of redpp_onnx.session); only when the hash step runs
     storage: str = "standard"   # codebook storage form: "standard" (standard-ops decoders, any onnxruntime) or
     #                             "compact" (rANS codes, loaded by redpp-onnx only; redpp_onnx/compact.py)
+    layout: bool = True         # zero channel paddings as exact 1x1 Convs (passes/layout.py: onnxruntime's
+    #                             NCHWc layout no longer breaks at option-A shortcuts)
     verify: bool = True         # seeded random inputs through the original and the output
     verify_batch: int = 2
     seed: int = 0
