@@ -13,15 +13,20 @@ slow episode of the machine affects both members of a pair: the robust estimate 
 
     python benchmarks/bench_latency.py [--repeat 15] [--out benchmarks/results/latency.json]
 
-With ``--target-macs F [F ...]`` (and usually ``--models`` and ``--out``) it times instead the
-outputs of ``compress --target-macs F`` (channel reduction, then the default hashing and storage)
-against the original, next to the A/A control: e.g.
-``python benchmarks/bench_latency.py --models cifar10_resnet56.onnx --target-macs 0.8 0.7
+With ``--target-macs F [F ...]`` (and usually ``--models`` and ``--out``) it times instead, against
+the original and next to the A/A control: the exact layout rewrite alone (``passes/layout.py``:
+zero channel paddings as 1x1 Convs; skipped when the model has none), and per target the output
+of ``compress --target-macs F --steps merge`` (the channel reduction with the refit: what
+bench_reduce measures top-1 of), the same with ``--no-layout``, and ``compress --target-macs F``
+(then the default hashing and storage); ``--top1`` adds each output's top-1 on the model's exact
+data. The models of the run replace theirs in the output file: e.g.
+``python benchmarks/bench_latency.py --models cifar10_resnet56.onnx --target-macs 0.65 0.85 --top1
 --out benchmarks/results/latency_reduce.json``.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -88,7 +93,12 @@ def main(argv=None):
         original = io.load_model(Path(args.shared) / name)
         shape = [d.dim_value for d in original.graph.input[0].type.tensor_type.shape.dim[1:]]
         ev = _evaluator(Path(args.shared), name, Path(args.cache)) if args.top1 else None
+        rewrites = layout.rewrite(original, _macs(original)).rewritten
         for variant, cfg in variants.items():
+            if not rewrites and (cfg == "layout" or variant.endswith("--no-layout")):
+                print(f"{name} {variant}: skipped (no channel padding to rewrite: same as the original / "
+                      "the reduction only)")
+                continue
             if cfg == "layout":
                 emitted, report = layout.rewrite(original, _macs(original)).model, None
             else:
@@ -138,10 +148,15 @@ def main(argv=None):
         print(f"{variant}: ratio of medians {min(r['ratio'] for r in sel):.3f} .. {max(r['ratio'] for r in sel):.3f}, "
               f"median paired ratio {min(r['paired_ratio'] for r in sel):.3f} .. "
               f"{max(r['paired_ratio'] for r in sel):.3f} (limit for the default output {LIMIT})")
-    write_json(args.out, {"meta": {"onnxruntime": onnxruntime.__version__, "repeat": args.repeat,
-                                        "session_pairs": args.session_pairs,
-                                        "default_steps": list(default_steps), "limit": LIMIT},
-                               "rows": rows})
+    meta = {"onnxruntime": onnxruntime.__version__, "repeat": args.repeat, "session_pairs": args.session_pairs,
+            "default_steps": list(default_steps), "limit": LIMIT, "layout": CompressConfig().layout}
+    if args.target_macs:  # one file for every model's reduced outputs: this run's models replace theirs
+        command = "python benchmarks/bench_latency.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        old = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
+        rows = [r for r in old.get("rows", []) if r["model"] not in args.models] + rows
+        meta["commands"] = {m: c for m, c in old.get("meta", {}).get("commands", {}).items() if m not in args.models}
+        meta["commands"].update({m: command for m in args.models})
+    write_json(args.out, {"meta": meta, "rows": rows})
 
 
 def _macs(model):

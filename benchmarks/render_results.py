@@ -234,8 +234,10 @@ def section_relaxed(data) -> list[str]:
 
 
 def section_latency(data) -> list[str]:
+    layout_note = (" The default output includes the layout rewrite." if data["meta"].get("layout")
+                   else " Measured before the layout rewrite existed.")
     out = ["## End-to-end latency: original vs emitted (issue 5)", "",
-           f"Command: `python benchmarks/bench_latency.py`; onnxruntime {data['meta']['onnxruntime']}, median of "
+           f"Command: `python benchmarks/bench_latency.py`;{layout_note} onnxruntime {data['meta']['onnxruntime']}, median of "
            f"{data['meta']['repeat']} pooled alternating runs per model in the same process; default steps "
            f"`{','.join(data['meta']['default_steps'])}`, `--split auto`.", "",
            "| model | variant | batch | threads | original ms | emitted ms | ratio of medians | median paired ratio "
@@ -254,7 +256,8 @@ def section_latency(data) -> list[str]:
     out += ["", f"Default output: ratio of medians **{min(r['ratio'] for r in default):.3f} to {worst:.3f}** "
                 f"(limit {data['meta']['limit']}: " + ("met on every row" if not over else f"exceeded on {over_text}")
                 + "). The default output keeps every Conv here (`--split auto` predicts no layer faster as "
-                "SplitConv), so it is the original graph with hashed weights."
+                "SplitConv), so it is the original graph with hashed weights (and, with the layout rewrite, "
+                "the CIFAR ResNets' zero channel paddings as 1x1 Convs: `passes/layout.py`)."
                 + (f" The A/A control (the original against itself, measured the same way) reads {lo_c:.3f} to "
                    f"{hi_c:.3f}: that is this 2-vCPU machine's resolution, widest with 2 threads, where thread-pool "
                    "placement differs from one session to the next (runs are pooled over "
@@ -269,27 +272,52 @@ def section_latency_reduce(data) -> list[str]:
     rows = data.get("rows", [])
     if not rows:
         return []
-    import re
-
-    targets = dict.fromkeys(m.group(1) for r in rows if (m := re.match(r"target-macs (\S+)", r["variant"])))
-    multiples = ["8"] + sorted({m.group(1) for r in rows if (m := re.search(r"multiples of (\d+)", r["variant"]))})
-    models = " ".join(dict.fromkeys(r["model"] for r in rows))
+    commands = data["meta"].get("commands", {})
     out = ["## Speed of the channel-reduced outputs (issue 12, point 2)", "",
-           f"Command: `python benchmarks/bench_latency.py --models {models} --target-macs {' '.join(targets)} "
-           f"--channel-multiple {' '.join(multiples)} --out benchmarks/results/latency_reduce.json` (this machine: AVX-512, where "
-           "onnxruntime's NCHWc Conv works in blocks of 16 channels; kept counts in multiples of 8 leave 24- and "
-           f"56-channel layers that it pads); onnxruntime {data['meta']['onnxruntime']}, the output of "
-           "`compress --target-macs F` (reduction with the refit, then the default hashing and storage) against the "
-           f"original in the same process, median of {data['meta']['repeat']} pooled alternating runs, next to the "
-           "A/A control (the original against itself: the benchmark's own noise). Ratio = original / output time "
-           "(above 1: the output is faster).", "",
-           "| model | variant | batch | threads | original ms | output ms | speed-up (ratio of medians) | "
-           "speed-up (median paired) |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+           "Commands: " + "; ".join(f"`{c}`" for c in dict.fromkeys(commands.values())) + ". This machine has "
+           "AVX-512, where onnxruntime's NCHWc Conv works in blocks of 16 channels (kept counts in multiples of 8 "
+           f"leave 24- and 56-channel layers that it pads); onnxruntime {data['meta']['onnxruntime']}. Each output "
+           "against the original in the same process, median of "
+           f"{data['meta']['repeat']} pooled alternating runs, next to the A/A control (the original against "
+           "itself: the benchmark's own noise). Variants: *layout only* = the original with the exact layout "
+           "rewrite alone (zero channel paddings as 1x1 Convs, `passes/layout.py`); *target-macs F, reduction "
+           "only* = `compress --target-macs F --steps merge` (the channel reduction with the refit, and the layout "
+           "rewrite: the model whose top-1 the channel-reduction section reports); *..., --no-layout* = the same "
+           "without the layout rewrite; *target-macs F* = `compress --target-macs F` with the default hashing and "
+           "storage too. Speed-up = original / output time (above 1: the output is faster); top-1 on the exact "
+           "data, original in brackets.", "",
+           "| model | variant | top-1 | batch | threads | original ms | output ms | speed-up (ratio of medians) | "
+           "speed-up (median paired) |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         paired = r.get("paired_ratio")
-        out.append(f"| {r['model']} | {r['variant']} | {r['batch']} | {r['threads']} | {r['original_ms']:.2f} | "
-                   f"{r['emitted_ms']:.2f} | {1 / r['ratio']:.3f}x | "
+        top1 = (f"{100 * r['top1']:.2f} ({100 * r['original_top1']:.2f})" if r.get("top1") is not None else "-")
+        out.append(f"| {r['model']} | {r['variant']} | {top1} | {r['batch']} | {r['threads']} | "
+                   f"{r['original_ms']:.2f} | {r['emitted_ms']:.2f} | {1 / r['ratio']:.3f}x | "
                    f"{'-' if not paired else f'{1 / paired:.3f}x'} |")
+    out.append("")
+    for model in dict.fromkeys(r["model"] for r in rows):
+        for variant in dict.fromkeys(r["variant"] for r in rows if r["model"] == model):
+            if variant == "A/A control":
+                continue
+            sel = [r for r in rows if r["model"] == model and r["variant"] == variant]
+            lo, hi = min(1 / r["ratio"] for r in sel), max(1 / r["ratio"] for r in sel)
+            macs = sel[0].get("macs_before"), sel[0].get("macs_after")
+            share = (f", {100 * (1 - macs[1] / macs[0]):.1f} % of the eligible MACs removed" if all(macs) else "")
+            top1 = sel[0].get("top1")
+            drop = (f", top-1 {100 * (top1 - sel[0]['original_top1']):+.2f} points" if top1 is not None else "")
+            out.append(f"- {model.replace('.onnx', '')}, {variant}: **{lo:.3f}-{hi:.3f}x** faster (ratio of medians, "
+                       f"batch 1 and 32, 1 and 2 threads){share}{drop}.")
+    run2 = data.get("run2")
+    if run2 and run2.get("rows"):
+        out += ["", f"A second run (`{run2['meta'].get('commands', {}).get(run2['rows'][0]['model'], 'bench_latency.py')}`"
+                    ", results/latency_reduce_run2.json), speed-up by configuration (ratio of medians; median paired "
+                    "ratio in brackets):", ""]
+        for model in dict.fromkeys(r["model"] for r in run2["rows"]):
+            for variant in dict.fromkeys(r["variant"] for r in run2["rows"] if r["model"] == model):
+                sel = [r for r in run2["rows"] if r["model"] == model and r["variant"] == variant]
+                cells = ", ".join(f"batch {r['batch']} / {r['threads']} thr {1 / r['ratio']:.3f}x "
+                                  f"({1 / r['paired_ratio']:.3f}x)" for r in sel)
+                out.append(f"- {model.replace('.onnx', '')}, {variant}: {cells}.")
     return out + [""]
 
 
@@ -849,6 +877,8 @@ def main(argv=None):
         if data is not None:
             if name == "large.json":  # the run before, kept for its quieter machine
                 data["earlier"] = _load(results, "large_52621e5.json")
+            if name == "latency_reduce.json":  # a second, independent run of some of its models
+                data["run2"] = _load(results, "latency_reduce_run2.json")
             lines += render(data)
     lines += section_figures(ROOT)
     out = Path(args.out)

@@ -133,7 +133,11 @@ def rewrite(model: onnx.ModelProto, macs_total: Optional[int], *, shapes: Option
 
     shapes = static_shapes(model) if shapes is None else shapes
     types = _elem_types(model) if types is None else types
-    g = gs.import_onnx(model)
+    try:
+        g = gs.import_onnx(model)
+    except Exception as err:  # noqa: BLE001 - an optional rewrite never stops the job
+        return LayoutResult(model, [LayoutRow("(graph)", reason=f"onnx-graphsurgeon cannot read the graph: "
+                                              f"{str(err).splitlines()[0] if str(err) else type(err).__name__}")])
     budget = MAX_ADDED_SHARE * macs_total if macs_total else 0.0
     rows, used = [], 0.0
     for node in list(g.nodes):
@@ -203,8 +207,15 @@ def rewrite(model: onnx.ModelProto, macs_total: Optional[int], *, shapes: Option
         row.macs_added, row.rewritten = macs, True
     if not any(r.rewritten for r in rows):
         return LayoutResult(model, rows)
-    g.cleanup(remove_unused_graph_inputs=False).toposort()
-    exported = gs.export_onnx(g, do_type_check=False)
+    try:
+        g.cleanup(remove_unused_graph_inputs=False).toposort()
+        exported = gs.export_onnx(g, do_type_check=False)
+    except Exception as err:  # noqa: BLE001
+        for r in rows:
+            if r.rewritten:
+                r.rewritten, r.macs_added = False, 0
+                r.reason = f"onnx-graphsurgeon cannot write the graph: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
+        return LayoutResult(model, rows)
     out = onnx.ModelProto()
     out.CopyFrom(model)
     out.graph.CopyFrom(exported.graph)

@@ -154,3 +154,16 @@ def test_compress_reports_the_rewrite_and_counts_its_macs(enabled):
     # the added Conv's MACs are in the after count: the hashing keeps every channel
     assert report.model["macs_after"] == report.model["macs_before"] + 8192
     assert report.verify["max_rel_l2"] < 0.1
+
+
+def test_a_graph_the_editor_cannot_read_is_left_as_it_is(monkeypatch):
+    import onnx_graphsurgeon as gs
+
+    def broken(model):
+        raise ValueError("unsupported\nsecond line")
+
+    monkeypatch.setattr(gs, "import_onnx", broken)
+    model = shortcut_block()
+    res = layout.rewrite(model, BIG)
+    assert res.model is model and res.rewritten == 0
+    assert res.rows[0].reason == "onnx-graphsurgeon cannot read the graph: unsupported"
