@@ -150,12 +150,12 @@ def main(argv=None):
               f"{max(r['paired_ratio'] for r in sel):.3f} (limit for the default output {LIMIT})")
     meta = {"onnxruntime": onnxruntime.__version__, "repeat": args.repeat, "session_pairs": args.session_pairs,
             "default_steps": list(default_steps), "limit": LIMIT, "layout": CompressConfig().layout}
-    if args.target_macs:  # one file for every model's reduced outputs: this run's models replace theirs
-        command = "python benchmarks/bench_latency.py " + " ".join(sys.argv[1:] if argv is None else argv)
-        old = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
-        rows = [r for r in old.get("rows", []) if r["model"] not in args.models] + rows
-        meta["commands"] = {m: c for m, c in old.get("meta", {}).get("commands", {}).items() if m not in args.models}
-        meta["commands"].update({m: command for m in args.models})
+    # this run's models replace theirs in the file
+    command = "python benchmarks/bench_latency.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    old = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
+    rows = [r for r in old.get("rows", []) if r["model"] not in args.models] + rows
+    meta["commands"] = {m: c for m, c in old.get("meta", {}).get("commands", {}).items() if m not in args.models}
+    meta["commands"].update({m: command for m in args.models})
     write_json(args.out, {"meta": meta, "rows": rows})
 
 

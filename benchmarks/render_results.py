@@ -234,8 +234,8 @@ def section_relaxed(data) -> list[str]:
 
 
 def section_latency(data) -> list[str]:
-    layout_note = (" The default output includes the layout rewrite." if data["meta"].get("layout")
-                   else " Measured before the layout rewrite existed.")
+    layout_note = (" the default output includes the layout rewrite;" if data["meta"].get("layout")
+                   else " measured before the layout rewrite existed;")
     out = ["## End-to-end latency: original vs emitted (issue 5)", "",
            f"Command: `python benchmarks/bench_latency.py`;{layout_note} onnxruntime {data['meta']['onnxruntime']}, median of "
            f"{data['meta']['repeat']} pooled alternating runs per model in the same process; default steps "

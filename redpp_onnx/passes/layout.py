@@ -165,7 +165,8 @@ def rewrite(model: onnx.ModelProto, macs_total: Optional[int], *, shapes: Option
         before[axes], after[axes] = pads[:len(axes)], pads[len(axes):]
         other = [k for k in range(rank) if k != 1]
         if types.get(x.name) != onnx.TensorProto.FLOAT:
-            row.reason = "not a float32 tensor (onnxruntime's NCHWc Conv is float32 only)"
+            row.reason = ("element type unknown (onnx's type inference does not reach it)" if x.name not in types
+                          else "not a float32 tensor (onnxruntime's NCHWc Conv is float32 only)")
             continue
         if rank != 4 or not in_shape or len(in_shape) != 4 or not isinstance(in_shape[1], int):
             row.reason = "not a 4-D tensor with a known channel count"

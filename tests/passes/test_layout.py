@@ -167,3 +167,13 @@ def test_a_graph_the_editor_cannot_read_is_left_as_it_is(monkeypatch):
     res = layout.rewrite(model, BIG)
     assert res.model is model and res.rewritten == 0
     assert res.rows[0].reason == "onnx-graphsurgeon cannot read the graph: unsupported"
+
+
+def test_a_tensor_whose_type_inference_cannot_reach_is_not_rewritten():
+    model = shortcut_block()
+    relu = next(n for n in model.graph.node if n.output[0] == "r")
+    relu.op_type, relu.domain = "Mystery", "ai.example"  # an op onnx knows nothing of
+    model.opset_import.append(helper.make_opsetid("ai.example", 1))
+    res = layout.rewrite(model, BIG)
+    assert res.rewritten == 0 and res.model is model
+    assert res.rows[0].reason.startswith("element type unknown")
