@@ -307,17 +307,20 @@ def section_latency_reduce(data) -> list[str]:
             drop = (f", top-1 {100 * (top1 - sel[0]['original_top1']):+.2f} points" if top1 is not None else "")
             out.append(f"- {model.replace('.onnx', '')}, {variant}: **{lo:.3f}-{hi:.3f}x** faster (ratio of medians, "
                        f"batch 1 and 32, 1 and 2 threads){share}{drop}.")
-    run2 = data.get("run2")
-    if run2 and run2.get("rows"):
-        out += ["", f"A second run (`{run2['meta'].get('commands', {}).get(run2['rows'][0]['model'], 'bench_latency.py')}`"
-                    ", results/latency_reduce_run2.json), speed-up by configuration (ratio of medians; median paired "
-                    "ratio in brackets):", ""]
+    for k, run2 in enumerate(data.get("runs") or []):
+        if not run2 or not run2.get("rows"):
+            continue
+        out += ["", f"Earlier run {k + 1} ({run2['meta'].get('note', '')}; "
+                    f"`{run2['meta'].get('commands', {}).get(run2['rows'][0]['model'], 'bench_latency.py')}`), "
+                    "speed-up by configuration (ratio of medians; median paired ratio in brackets):", ""]
         for model in dict.fromkeys(r["model"] for r in run2["rows"]):
             for variant in dict.fromkeys(r["variant"] for r in run2["rows"] if r["model"] == model):
                 sel = [r for r in run2["rows"] if r["model"] == model and r["variant"] == variant]
                 cells = ", ".join(f"batch {r['batch']} / {r['threads']} thr {1 / r['ratio']:.3f}x "
                                   f"({1 / r['paired_ratio']:.3f}x)" for r in sel)
-                out.append(f"- {model.replace('.onnx', '')}, {variant}: {cells}.")
+                top1 = sel[0].get("top1")
+                out.append(f"- {model.replace('.onnx', '')}, {variant}"
+                           + (f" (top-1 {100 * top1:.2f})" if top1 is not None else "") + f": {cells}.")
     return out + [""]
 
 
@@ -877,8 +880,8 @@ def main(argv=None):
         if data is not None:
             if name == "large.json":  # the run before, kept for its quieter machine
                 data["earlier"] = _load(results, "large_52621e5.json")
-            if name == "latency_reduce.json":  # a second, independent run of some of its models
-                data["run2"] = _load(results, "latency_reduce_run2.json")
+            if name == "latency_reduce.json":  # earlier, independent runs of some of its models
+                data["runs"] = [_load(results, p.name) for p in sorted(results.glob("latency_reduce_run*.json"))]
             lines += render(data)
     lines += section_figures(ROOT)
     out = Path(args.out)
