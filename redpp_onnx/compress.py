@@ -370,9 +370,9 @@ def _reduced_budget(hash_config, model) -> tuple:
     budget *= REDUCED_BUDGET_SHARE
     return dataclasses.replace(hash_config, budget=budget), [
         f"hashing budget {budget:g} after the channel reduction ({REDUCED_BUDGET_SHARE:g} x the default for this "
-        "output: a reduced model has less slack for the hashing's error; measured on the benchmark models, the "
-        "full default cost 0.5-0.9 more top-1 points after reductions of 15-35 % of the MACs, this share none "
-        "beyond one or two test images); --budget sets another"]
+        "output: a reduced model has less slack for the hashing's error; measured on the benchmark models after "
+        "reductions of 5-35 % of the MACs, the full default cost 0.2-0.9 top-1 points beyond the reduction's own "
+        "loss, this share at most one or two test images on three of four; docs/HASHING.md); --budget sets another"]
 
 
 def _eligible_macs(scan) -> Optional[int]:
