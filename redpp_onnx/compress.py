@@ -194,8 +194,7 @@ def _summary(scan, hashed, merged, split, config_tolerance, final_scan):
     removed = merge_removed + (sum(s.params_removed for s in split.layers if s.decision == "split") if split else 0)
     removable = merge_removed + (sum(s.params_removed for s in split.layers if s.decision != "counted")
                                  if split else 0)
-    macs = [l.macs for l in scan.layers]
-    macs_total = sum(macs) if macs and None not in macs else None
+    macs_total = _eligible_macs(scan)
     # After: SplitConv layers count their products (additions separately), the others their MACs
     # in the final model (merging removes channels).
     final = {l.node: l.macs for l in final_scan.layers}
