@@ -19,7 +19,8 @@ times 1 plus zeros). It adds ``C_in × C_out`` MACs per output pixel, so it is d
   NCHW and nothing is gained);
 * the MACs added over the whole graph stay within :data:`MAX_ADDED_SHARE` of the model's MACs.
 
-Every candidate that is not rewritten gets its reason in the report. The edit uses
+Pads computed from constants (the TorchScript exporter's ``F.pad``) are evaluated first
+(:func:`_pad_constants`). Every candidate that is not rewritten gets its reason in the report. The edit uses
 onnx-graphsurgeon (find the producers, swap the node, drop what became dead), then the graph goes
 back into a copy of the input model (the model-level fields, opsets and metadata kept as they were).
 """
@@ -31,6 +32,7 @@ from typing import List, Optional
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 CHANNEL_ALIGN = 8
 """Channel counts the rewrite needs (onnxruntime's smallest NCHWc block, AVX2)."""
@@ -78,10 +80,58 @@ def _has_candidates(graph: onnx.GraphProto) -> bool:
     return False
 
 
-def _values(t) -> Optional[np.ndarray]:
-    """The value of a graph-surgeon tensor when it is constant (through Cast / Identity of constants)."""
+MAX_FOLD_NODES = 64
+"""Constant-only nodes evaluated at most to learn a Pad's pads (the TorchScript exporter computes them)."""
+
+
+def _pad_constants(model: onnx.ModelProto) -> dict:
+    """``{tensor: value}`` of the Pads' pads / value / axes inputs that the graph computes from
+    constants alone (e.g. ConstantOfShape, Concat, Reshape, Transpose, Slice, Cast of constants), each
+    evaluated with onnx's reference evaluator on its own few nodes; what cannot be evaluated is left out."""
+    from onnx.reference import ReferenceEvaluator
+
+    from ..analysis.layers import constant_only_nodes
+
+    graph = model.graph
+    folded = {graph.node[k].output[0]: k for k in constant_only_nodes(graph) if len(graph.node[k].output) == 1}
+    producer = {o: n for n in graph.node for o in n.output}
+    inits = {t.name: t for t in graph.initializer}
+    out = {}
+    for node in graph.node:
+        if node.op_type != "Pad" or node.domain not in ("", "ai.onnx"):
+            continue
+        for name in [i for i in node.input[1:] if i in folded]:
+            nodes, todo, seen = [], [name], set()
+            while todo and len(nodes) <= MAX_FOLD_NODES:
+                t = todo.pop()
+                if t in seen or t in inits or t not in producer:
+                    continue
+                seen.add(t)
+                nodes.append(producer[t])
+                todo.extend(i for i in producer[t].input if i)
+            if len(nodes) > MAX_FOLD_NODES:
+                continue
+            order = {id(n): k for k, n in enumerate(graph.node)}
+            nodes.sort(key=lambda n: order[id(n)])
+            needed = {i for n in nodes for i in n.input}
+            sub = onnx.helper.make_graph(nodes, "pads", [], [onnx.helper.make_tensor_value_info(name, 0, None)],
+                                         [inits[i] for i in needed if i in inits])
+            try:
+                sub_model = onnx.helper.make_model(sub, opset_imports=list(model.opset_import),
+                                                   ir_version=model.ir_version)
+                out[name] = np.asarray(ReferenceEvaluator(sub_model).run(None, {})[0])
+            except Exception:  # noqa: BLE001 - not evaluable: the Pad is simply not a candidate
+                continue
+    return out
+
+
+def _values(t, folded: Optional[dict] = None) -> Optional[np.ndarray]:
+    """The value of a graph-surgeon tensor when it is constant (through Cast / Identity of constants,
+    or computed from constants: ``folded``)."""
     import onnx_graphsurgeon as gs
 
+    if folded and t.name in folded:
+        return folded[t.name]
     if isinstance(t, gs.Constant):
         return np.asarray(t.values)
     if len(t.inputs) == 1:
@@ -90,7 +140,7 @@ def _values(t) -> Optional[np.ndarray]:
             v = node.attrs["value"]
             return np.asarray(v.values if isinstance(v, gs.Constant) else v)
         if node.op in ("Cast", "Identity") and node.inputs:
-            return _values(node.inputs[0])
+            return _values(node.inputs[0], folded)
     return None
 
 
@@ -131,8 +181,17 @@ def rewrite(model: onnx.ModelProto, macs_total: Optional[int], *, shapes: Option
 
     from ..analysis.layers import static_shapes
 
-    shapes = static_shapes(model) if shapes is None else shapes
-    types = _elem_types(model) if types is None else types
+    folded = _pad_constants(model)
+    known = model
+    if folded:  # shape inference reads a Pad's pads only from a constant: give it the values found
+        known = onnx.ModelProto()
+        known.CopyFrom(model)
+        keep = [n for n in known.graph.node if not (len(n.output) == 1 and n.output[0] in folded)]
+        del known.graph.node[:]
+        known.graph.node.extend(keep)
+        known.graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in folded.items())
+    shapes = static_shapes(known) if shapes is None else shapes
+    types = _elem_types(known) if types is None else types
     try:
         g = gs.import_onnx(model)
     except Exception as err:  # noqa: BLE001 - an optional rewrite never stops the job
@@ -145,9 +204,9 @@ def rewrite(model: onnx.ModelProto, macs_total: Optional[int], *, shapes: Option
                 "constant", b"constant"):
             continue
         x, y = node.inputs[0], node.outputs[0]
-        pads = _values(node.inputs[1]) if len(node.inputs) > 1 else None
-        value = _values(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2].name else np.zeros(1)
-        axes = _values(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3].name else None
+        pads = _values(node.inputs[1], folded) if len(node.inputs) > 1 else None
+        value = _values(node.inputs[2], folded) if len(node.inputs) > 2 and node.inputs[2].name else np.zeros(1)
+        axes = _values(node.inputs[3], folded) if len(node.inputs) > 3 and node.inputs[3].name else None
         if pads is None or (len(node.inputs) > 3 and node.inputs[3].name and axes is None):
             continue  # not known to pad channels: not a candidate
         pads = pads.ravel().astype(np.int64)
@@ -193,6 +252,9 @@ def rewrite(model: onnx.ModelProto, macs_total: Optional[int], *, shapes: Option
             row.reason = "spatial size unknown (the MACs it adds cannot be bounded)"
             continue
         macs = c_in * c_out * int(out_shape[2]) * int(out_shape[3])
+        if not macs_total:
+            row.reason = f"the model's MACs are unknown: the {MAX_ADDED_SHARE:.0%} bound on the MACs added cannot be checked"
+            continue
         if used + macs > budget:
             row.reason = (f"adds {macs:,} MACs: over {MAX_ADDED_SHARE:.0%} of the model's "
                           f"{macs_total or 0:,} with the others")

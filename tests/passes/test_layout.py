@@ -177,3 +177,25 @@ def test_a_tensor_whose_type_inference_cannot_reach_is_not_rewritten():
     res = layout.rewrite(model, BIG)
     assert res.rewritten == 0 and res.model is model
     assert res.rows[0].reason.startswith("element type unknown")
+
+
+def test_pads_computed_from_constants_are_evaluated():
+    """The TorchScript exporter computes F.pad's pads (ConstantOfShape, Concat, Reshape, ...): a Concat of
+    constants stands for that here; shape inference alone does not see through it."""
+    model = shortcut_block()
+    const = next(n for n in model.graph.node if n.op_type == "Constant" and n.output[0] == "pads")
+    pads = numpy_helper.to_array(const.attribute[0].t)
+    model.graph.node.remove(const)
+    model.graph.initializer.extend([numpy_helper.from_array(pads[:4], "pads_a"),
+                                    numpy_helper.from_array(pads[4:], "pads_b")])
+    model.graph.node.insert(0, helper.make_node("Concat", ["pads_a", "pads_b"], ["pads"], axis=0))
+    res = layout.rewrite(model, BIG)
+    assert res.rewritten == 1 and res.rows[0].channels_out == 32
+    assert ops(model) - ops(res.model) == Counter({"Pad": 1, "Slice": 2, "Concat": 1})
+    x = np.random.default_rng(4).standard_normal((2, 16, 8, 8)).astype(np.float32)
+    np.testing.assert_array_equal(run(res.model, x), run(model, x))
+
+
+def test_unknown_model_macs_refuse_with_their_reason():
+    res = layout.rewrite(shortcut_block(), None)
+    assert res.rewritten == 0 and "MACs are unknown" in res.rows[0].reason
