@@ -96,6 +96,7 @@ def _pad_constants(model: onnx.ModelProto) -> dict:
     folded = {graph.node[k].output[0]: k for k in constant_only_nodes(graph) if len(graph.node[k].output) == 1}
     producer = {o: n for n in graph.node for o in n.output}
     inits = {t.name: t for t in graph.initializer}
+    order = {id(n): k for k, n in enumerate(graph.node)}
     out = {}
     for node in graph.node:
         if node.op_type != "Pad" or node.domain not in ("", "ai.onnx"):
@@ -111,7 +112,6 @@ def _pad_constants(model: onnx.ModelProto) -> dict:
                 todo.extend(i for i in producer[t].input if i)
             if len(nodes) > MAX_FOLD_NODES:
                 continue
-            order = {id(n): k for k, n in enumerate(graph.node)}
             nodes.sort(key=lambda n: order[id(n)])
             needed = {i for n in nodes for i in n.input}
             sub = onnx.helper.make_graph(nodes, "pads", [], [onnx.helper.make_tensor_value_info(name, 0, None)],
