@@ -20,7 +20,7 @@ times 1 plus zeros). It adds ``C_in × C_out`` MACs per output pixel, so it is d
 * the MACs added over the whole graph stay within :data:`MAX_ADDED_SHARE` of the model's MACs.
 
 Pads computed from constants (the TorchScript exporter's ``F.pad``) are evaluated first
-(:func:`_pad_constants`). Every candidate that is not rewritten gets its reason in the report. The edit uses
+(:func:`_computed_constants`). Every candidate that is not rewritten gets its reason in the report. The edit uses
 onnx-graphsurgeon (find the producers, swap the node, drop what became dead), then the graph goes
 back into a copy of the input model (the model-level fields, opsets and metadata kept as they were).
 """
@@ -81,13 +81,15 @@ def _has_candidates(graph: onnx.GraphProto) -> bool:
 
 
 MAX_FOLD_NODES = 64
-"""Constant-only nodes evaluated at most to learn a Pad's pads (the TorchScript exporter computes them)."""
+"""Constant-only nodes evaluated at most to learn one argument of a Pad or a Slice (the TorchScript
+exporter computes a Pad's pads)."""
 
 
-def _pad_constants(model: onnx.ModelProto) -> dict:
-    """``{tensor: value}`` of the Pads' pads / value / axes inputs that the graph computes from
-    constants alone (e.g. ConstantOfShape, Concat, Reshape, Transpose, Slice, Cast of constants), each
-    evaluated with onnx's reference evaluator on its own few nodes; what cannot be evaluated is left out."""
+def _computed_constants(model: onnx.ModelProto) -> dict:
+    """``{tensor: value}`` of the Pads' and Slices' arguments (all inputs but the data) that the graph
+    computes from constants alone (e.g. ConstantOfShape, Concat, Reshape, Transpose, Slice, Cast of
+    constants), each evaluated with onnx's reference evaluator on its own few nodes; what cannot be
+    evaluated is left out."""
     from onnx.reference import ReferenceEvaluator
 
     from ..analysis.layers import constant_only_nodes
@@ -99,9 +101,9 @@ def _pad_constants(model: onnx.ModelProto) -> dict:
     order = {id(n): k for k, n in enumerate(graph.node)}
     out = {}
     for node in graph.node:
-        if node.op_type != "Pad" or node.domain not in ("", "ai.onnx"):
+        if node.op_type not in ("Pad", "Slice") or node.domain not in ("", "ai.onnx"):
             continue
-        for name in [i for i in node.input[1:] if i in folded]:
+        for name in [i for i in node.input[1:] if i in folded and i not in out]:
             nodes, todo, seen = [], [name], set()
             while todo and len(nodes) <= MAX_FOLD_NODES:
                 t = todo.pop()
@@ -125,33 +127,30 @@ def _pad_constants(model: onnx.ModelProto) -> dict:
     return out
 
 
-def _values(t, folded: Optional[dict] = None) -> Optional[np.ndarray]:
-    """The value of a graph-surgeon tensor when it is constant (through Cast / Identity of constants,
-    or computed from constants: ``folded``)."""
+def _values(t, folded: dict) -> Optional[np.ndarray]:
+    """The value of a graph-surgeon tensor when it is constant: an initializer, a ``Constant`` node's
+    output, or computed from constants (``folded``, :func:`_computed_constants`)."""
     import onnx_graphsurgeon as gs
 
-    if folded and t.name in folded:
+    if t.name in folded:
         return folded[t.name]
     if isinstance(t, gs.Constant):
         return np.asarray(t.values)
-    if len(t.inputs) == 1:
-        node = t.inputs[0]
-        if node.op == "Constant" and "value" in node.attrs:
-            v = node.attrs["value"]
-            return np.asarray(v.values if isinstance(v, gs.Constant) else v)
-        if node.op in ("Cast", "Identity") and node.inputs:
-            return _values(node.inputs[0], folded)
+    if len(t.inputs) == 1 and t.inputs[0].op == "Constant" and "value" in t.inputs[0].attrs:
+        v = t.inputs[0].attrs["value"]
+        return np.asarray(v.values if isinstance(v, gs.Constant) else v)
     return None
 
 
-def _spatial_slice(node, shapes) -> Optional[tuple]:
+def _spatial_slice(node, shapes, folded) -> Optional[tuple]:
     """``(strides over H and W)`` of a Slice that keeps every ``step``-th pixel of the spatial axes
     from the first to the last, else None."""
     x = node.inputs[0]
     shape = shapes.get(x.name)
     if not shape or len(shape) != 4:
         return None
-    args = [_values(node.inputs[k]) if len(node.inputs) > k and node.inputs[k].name else None for k in range(5)]
+    args = [_values(node.inputs[k], folded) if len(node.inputs) > k and node.inputs[k].name else None
+            for k in range(5)]
     starts, ends, axes, steps = args[1], args[2], args[3], args[4]
     if starts is None or ends is None or (len(node.inputs) > 3 and node.inputs[3].name and axes is None) or (
             len(node.inputs) > 4 and node.inputs[4].name and steps is None):
@@ -181,7 +180,7 @@ def rewrite(model: onnx.ModelProto, macs_total: Optional[int], *, shapes: Option
 
     from ..analysis.layers import static_shapes
 
-    folded = _pad_constants(model)
+    folded = _computed_constants(model)
     known = model
     if folded:  # shape inference reads a Pad's pads only from a constant: give it the values found
         known = onnx.ModelProto()
@@ -236,7 +235,7 @@ def rewrite(model: onnx.ModelProto, macs_total: Optional[int], *, shapes: Option
             continue
         strides, slices, src = (1, 1), 0, x
         while len(src.inputs) == 1 and src.inputs[0].op == "Slice" and len(src.outputs) == 1:
-            st = _spatial_slice(src.inputs[0], shapes)
+            st = _spatial_slice(src.inputs[0], shapes, folded)
             if st is None:
                 break
             strides = (strides[0] * st[0], strides[1] * st[1])
