@@ -207,9 +207,16 @@ def static_shapes(model: onnx.ModelProto, batch: int = 1) -> dict[str, tuple]:
     of codes took gigabytes. So shapes are inferred twice: first without data propagation (cheap,
     every shape a constant-only computation needs is in its inputs' dims and small values), then
     with it, on a copy where every constant-only node with an output larger than
-    ``LARGE_CONSTANT`` elements is replaced by graph inputs of the shapes found first."""
+    ``LARGE_CONSTANT`` elements is replaced by graph inputs of the shapes found first. Pad and Slice
+    arguments the graph computes from constants are evaluated first (:func:`computed_arguments`)."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
+    folded = computed_arguments(m)
+    if folded:  # shape inference reads a Pad's pads or a Slice's bounds only from a constant
+        keep = [n for n in m.graph.node if not (len(n.output) == 1 and n.output[0] in folded)]
+        del m.graph.node[:]
+        m.graph.node.extend(keep)
+        m.graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in folded.items())
     for inp, fixed in _data_inputs(m, batch):
         dims = inp.type.tensor_type.shape.dim
         for d, v in zip(dims, fixed):
@@ -297,6 +304,57 @@ def constant_only_nodes(graph: onnx.GraphProto) -> list:
             found.append(k)
             constant.update(o for o in node.output if o)
     return found
+
+
+MAX_FOLD_NODES = 64
+"""Constant-only nodes evaluated at most to learn one argument of a Pad or a Slice (the TorchScript
+exporter computes a Pad's pads); their constant inputs and the value hold at most ``LARGE_CONSTANT``
+elements."""
+
+
+def computed_arguments(model: onnx.ModelProto) -> dict:
+    """``{tensor: value}`` of the Pads' and Slices' arguments (all inputs but the data) that the graph
+    computes from constants alone (e.g. ConstantOfShape, Concat, Reshape, Transpose, Slice, Cast of
+    constants), each evaluated with onnx's reference evaluator on its own few nodes; what cannot be
+    evaluated is left out. Shape inference reads these arguments only from constants: without their
+    values every shape after such a Pad is unknown (:func:`static_shapes` gives them)."""
+    from onnx.reference import ReferenceEvaluator
+
+    graph = model.graph
+    folded = {graph.node[k].output[0]: k for k in constant_only_nodes(graph) if len(graph.node[k].output) == 1}
+    producer = {o: n for n in graph.node for o in n.output}
+    inits = {t.name: t for t in graph.initializer}
+    order = {id(n): k for k, n in enumerate(graph.node)}
+    out = {}
+    for node in graph.node:
+        if node.op_type not in ("Pad", "Slice") or node.domain not in ("", "ai.onnx"):
+            continue
+        for name in [i for i in node.input[1:] if i in folded and i not in out]:
+            nodes, todo, seen = [], [name], set()
+            while todo and len(nodes) <= MAX_FOLD_NODES:
+                t = todo.pop()
+                if t in seen or t in inits or t not in producer:
+                    continue
+                seen.add(t)
+                nodes.append(producer[t])
+                todo.extend(i for i in producer[t].input if i)
+            if len(nodes) > MAX_FOLD_NODES:
+                continue
+            nodes.sort(key=lambda n: order[id(n)])
+            needed = {i for n in nodes for i in n.input}
+            if sum(int(np.prod(inits[i].dims, dtype=np.int64)) for i in needed if i in inits) > LARGE_CONSTANT:
+                continue
+            sub = onnx.helper.make_graph(nodes, "pads", [], [onnx.helper.make_tensor_value_info(name, 0, None)],
+                                         [inits[i] for i in needed if i in inits])
+            try:
+                sub_model = onnx.helper.make_model(sub, opset_imports=list(model.opset_import),
+                                                   ir_version=model.ir_version)
+                value = np.asarray(ReferenceEvaluator(sub_model).run(None, {})[0])
+            except Exception:  # noqa: BLE001 - not evaluable: the shapes after it stay unknown
+                continue
+            if value.size <= LARGE_CONSTANT:
+                out[name] = value
+    return out
 
 
 def _cut_large_constants(m: onnx.ModelProto, shapes: dict[str, tuple], types: dict[str, int]) -> None:

@@ -20,7 +20,7 @@ times 1 plus zeros). It adds ``C_in × C_out`` MACs per output pixel, so it is d
 * the MACs added over the whole graph stay within :data:`MAX_ADDED_SHARE` of the model's MACs.
 
 Pads computed from constants (the TorchScript exporter's ``F.pad``) are evaluated first
-(:func:`_computed_constants`). Every candidate that is not rewritten gets its reason in the report. The edit uses
+(:func:`redpp_onnx.analysis.layers.computed_arguments`). Every candidate that is not rewritten gets its reason in the report. The edit uses
 onnx-graphsurgeon (find the producers, swap the node, drop what became dead), then the graph goes
 back into a copy of the input model (the model-level fields, opsets and metadata kept as they were).
 """
@@ -80,56 +80,9 @@ def _has_candidates(graph: onnx.GraphProto) -> bool:
     return False
 
 
-MAX_FOLD_NODES = 64
-"""Constant-only nodes evaluated at most to learn one argument of a Pad or a Slice (the TorchScript
-exporter computes a Pad's pads)."""
-
-
-def _computed_constants(model: onnx.ModelProto) -> dict:
-    """``{tensor: value}`` of the Pads' and Slices' arguments (all inputs but the data) that the graph
-    computes from constants alone (e.g. ConstantOfShape, Concat, Reshape, Transpose, Slice, Cast of
-    constants), each evaluated with onnx's reference evaluator on its own few nodes; what cannot be
-    evaluated is left out."""
-    from onnx.reference import ReferenceEvaluator
-
-    from ..analysis.layers import constant_only_nodes
-
-    graph = model.graph
-    folded = {graph.node[k].output[0]: k for k in constant_only_nodes(graph) if len(graph.node[k].output) == 1}
-    producer = {o: n for n in graph.node for o in n.output}
-    inits = {t.name: t for t in graph.initializer}
-    order = {id(n): k for k, n in enumerate(graph.node)}
-    out = {}
-    for node in graph.node:
-        if node.op_type not in ("Pad", "Slice") or node.domain not in ("", "ai.onnx"):
-            continue
-        for name in [i for i in node.input[1:] if i in folded and i not in out]:
-            nodes, todo, seen = [], [name], set()
-            while todo and len(nodes) <= MAX_FOLD_NODES:
-                t = todo.pop()
-                if t in seen or t in inits or t not in producer:
-                    continue
-                seen.add(t)
-                nodes.append(producer[t])
-                todo.extend(i for i in producer[t].input if i)
-            if len(nodes) > MAX_FOLD_NODES:
-                continue
-            nodes.sort(key=lambda n: order[id(n)])
-            needed = {i for n in nodes for i in n.input}
-            sub = onnx.helper.make_graph(nodes, "pads", [], [onnx.helper.make_tensor_value_info(name, 0, None)],
-                                         [inits[i] for i in needed if i in inits])
-            try:
-                sub_model = onnx.helper.make_model(sub, opset_imports=list(model.opset_import),
-                                                   ir_version=model.ir_version)
-                out[name] = np.asarray(ReferenceEvaluator(sub_model).run(None, {})[0])
-            except Exception:  # noqa: BLE001 - not evaluable: the Pad is simply not a candidate
-                continue
-    return out
-
-
 def _values(t, folded: dict) -> Optional[np.ndarray]:
     """The value of a graph-surgeon tensor when it is constant: an initializer, a ``Constant`` node's
-    output, or computed from constants (``folded``, :func:`_computed_constants`)."""
+    output, or computed from constants (``folded``, :func:`~redpp_onnx.analysis.layers.computed_arguments`)."""
     import onnx_graphsurgeon as gs
 
     if t.name in folded:
@@ -178,19 +131,11 @@ def rewrite(model: onnx.ModelProto, macs_total: Optional[int], *, shapes: Option
         return LayoutResult(model, [])
     import onnx_graphsurgeon as gs
 
-    from ..analysis.layers import static_shapes
+    from ..analysis.layers import computed_arguments, static_shapes
 
-    folded = _computed_constants(model)
-    known = model
-    if folded:  # shape inference reads a Pad's pads only from a constant: give it the values found
-        known = onnx.ModelProto()
-        known.CopyFrom(model)
-        keep = [n for n in known.graph.node if not (len(n.output) == 1 and n.output[0] in folded)]
-        del known.graph.node[:]
-        known.graph.node.extend(keep)
-        known.graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in folded.items())
-    shapes = static_shapes(known) if shapes is None else shapes
-    types = _elem_types(known) if types is None else types
+    folded = computed_arguments(model)
+    shapes = static_shapes(model) if shapes is None else shapes
+    types = _elem_types(model) if types is None else types
     try:
         g = gs.import_onnx(model)
     except Exception as err:  # noqa: BLE001 - an optional rewrite never stops the job

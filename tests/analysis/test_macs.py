@@ -165,3 +165,41 @@ def test_analyze_reports_the_macs(tmp_path, capsys):
     assert main(["analyze", str(src)]) == 0
     line = next(l for l in capsys.readouterr().out.splitlines() if "MACs" in l)
     assert "unknown" in line and "--input-shape" in line
+
+
+
+def _computed_pad_model(computed: bool) -> onnx.ModelProto:
+    """x [N, 8, 8, 8] -> Pad (4 zero channels before and after) -> Conv 16 -> 16, 3x3. With ``computed``
+    the pads come from constants through ConstantOfShape, Concat, Reshape and Cast, as in the TorchScript
+    exporter's F.pad: shape inference alone does not see them, so the Conv's input shape and MACs stay
+    unknown unless the pads are evaluated."""
+    rng = np.random.default_rng(0)
+    inits = {"w": rng.standard_normal((16, 16, 3, 3)).astype(np.float32)}
+    if computed:
+        inits.update(half=np.array([0, 4], np.float32), n_zeros=np.array([2], np.int64), shape=np.array([8], np.int64))
+        nodes = [helper.make_node("ConstantOfShape", ["n_zeros"], ["zeros"], value=nh.from_array(np.zeros(1, np.float32))),
+                 helper.make_node("Concat", ["half", "zeros", "half", "zeros"], ["cat"], axis=0),
+                 helper.make_node("Reshape", ["cat", "shape"], ["flat"]),
+                 helper.make_node("Cast", ["flat"], ["pads"], to=TensorProto.INT64)]
+    else:
+        inits["pads"] = np.array([0, 4, 0, 0, 0, 4, 0, 0], np.int64)
+        nodes = []
+    nodes += [helper.make_node("Pad", ["x", "pads"], ["p"]),
+              helper.make_node("Conv", ["p", "w"], ["y"], pads=[1, 1, 1, 1])]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8, 8, 8])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16, 8, 8])], inits)
+
+
+def test_pads_computed_from_constants_give_the_macs_after_them():
+    conv_macs = 16 * 16 * 9 * 8 * 8
+    assert [l.macs for l in scan_layers(_computed_pad_model(False)).layers] == [conv_macs]
+    model = _computed_pad_model(True)
+    before = model.SerializeToString()
+    assert static_shapes(model)["p"] == (1, 16, 8, 8)
+    assert [l.macs for l in scan_layers(model).layers] == [conv_macs]
+    assert model.SerializeToString() == before  # an analysis: the graph is not changed
+
+
+def test_pads_that_cannot_be_evaluated_leave_the_macs_unknown(monkeypatch):
+    monkeypatch.setattr(layers_mod, "computed_arguments", lambda model: {})
+    assert [l.macs for l in scan_layers(_computed_pad_model(True)).layers] == [None]
