@@ -26,8 +26,8 @@ comparison with bench_reduce.py). Rows per target F (keep at most F of the eligi
   also where the tool refuses it, and the refit) with the calibration images in place of the
   synthetic ones.
 
-The real-data refits take ``ROWS_PER_FEATURE_REAL`` rows per unknown (the tool asks 32 of its
-synthetic rows; the ridge term keeps a fit with fewer rows well posed).
+The real-data refits take ``ROWS_PER_FEATURE_REAL`` rows per unknown (the tool asks
+``refit.ROWS_PER_FEATURE`` of its synthetic rows; the ridge term keeps a fit with fewer rows well posed).
 
     python benchmarks/bench_reduce_ceiling.py [--models efficientnet,resnet20,resnet56] [--targets 0.95,0.9,0.85]
 

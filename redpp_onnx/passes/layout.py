@@ -20,9 +20,10 @@ times 1 plus zeros). It adds ``C_in × C_out`` MACs per output pixel, so it is d
 * the MACs added over the whole graph stay within :data:`MAX_ADDED_SHARE` of the model's MACs.
 
 Pads computed from constants (the TorchScript exporter's ``F.pad``) are evaluated first
-(:func:`redpp_onnx.analysis.layers.computed_arguments`). Every candidate that is not rewritten gets its reason in the report. The edit uses
-onnx-graphsurgeon (find the producers, swap the node, drop what became dead), then the graph goes
-back into a copy of the input model (the model-level fields, opsets and metadata kept as they were).
+(:func:`redpp_onnx.analysis.layers.computed_arguments`). Every candidate that is not rewritten gets its
+reason in the report. The edit uses onnx-graphsurgeon (find the producers, swap the node, drop what
+became dead), then the graph goes back into a copy of the input model (the model-level fields, opsets
+and metadata kept as they were).
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from typing import List, Optional
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 CHANNEL_ALIGN = 8
 """Channel counts the rewrite needs (onnxruntime's smallest NCHWc block, AVX2)."""
