@@ -93,14 +93,14 @@ def main(argv=None):
         original = io.load_model(Path(args.shared) / name)
         shape = [d.dim_value for d in original.graph.input[0].type.tensor_type.shape.dim[1:]]
         ev = _evaluator(Path(args.shared), name, Path(args.cache)) if args.top1 else None
-        rewrites = layout.rewrite(original, _macs(original)).rewritten
+        laid_out = layout.rewrite(original, scan_layers(original).macs)
         for variant, cfg in variants.items():
-            if not rewrites and (cfg == "layout" or variant.endswith("--no-layout")):
+            if not laid_out.rewritten and (cfg == "layout" or variant.endswith("--no-layout")):
                 print(f"{name} {variant}: skipped (no channel padding to rewrite: same as the original / "
                       "the reduction only)")
                 continue
             if cfg == "layout":
-                emitted, report = layout.rewrite(original, _macs(original)).model, None
+                emitted, report = laid_out.model, None
             else:
                 emitted, report = (original, None) if cfg is None else compress(original, cfg)
             top1 = ev.model_result(emitted)["top1"] if ev is not None else None
@@ -157,11 +157,6 @@ def main(argv=None):
     meta["commands"] = {m: c for m, c in old.get("meta", {}).get("commands", {}).items() if m not in args.models}
     meta["commands"].update({m: command for m in args.models})
     write_json(args.out, {"meta": meta, "rows": rows})
-
-
-def _macs(model):
-    macs = [l.macs for l in scan_layers(model).layers]
-    return sum(macs) if macs and None not in macs else None
 
 
 def _evaluator(shared: Path, name: str, cache: Path):

@@ -108,7 +108,7 @@ def _compress(model, config: CompressConfig, *, progress, file_bytes_before, plo
     out, restored = restore_constant_casts(out, folded)
     layout_result = None
     if config.layout:  # exact: zero channel paddings as 1x1 Convs (onnxruntime's NCHWc chain holds)
-        layout_result = layout.rewrite(out, _eligible_macs(eligible_before))
+        layout_result = layout.rewrite(out, eligible_before.macs)
         out = layout_result.model
     try:
         onnx.checker.check_model(out)
@@ -194,7 +194,7 @@ def _summary(scan, hashed, merged, split, config_tolerance, final_scan):
     removed = merge_removed + (sum(s.params_removed for s in split.layers if s.decision == "split") if split else 0)
     removable = merge_removed + (sum(s.params_removed for s in split.layers if s.decision != "counted")
                                  if split else 0)
-    macs_total = _eligible_macs(scan)
+    macs_total = scan.macs
     # After: SplitConv layers count their products (additions separately), the others their MACs
     # in the final model (merging removes channels).
     final = {l.node: l.macs for l in final_scan.layers}
@@ -372,11 +372,6 @@ def _reduced_budget(hash_config, model) -> tuple:
         "output: a reduced model has less slack for the hashing's error; measured on the benchmark models after "
         "reductions of 5-35 % of the MACs, the full default cost 0.2-0.9 top-1 points beyond the reduction's own "
         "loss, this share at most one or two test images on three of four; docs/HASHING.md); --budget sets another"]
-
-
-def _eligible_macs(scan) -> Optional[int]:
-    macs = [l.macs for l in scan.layers]
-    return sum(macs) if macs and None not in macs else None
 
 
 def _layout_note(result) -> list:

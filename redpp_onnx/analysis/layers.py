@@ -74,6 +74,12 @@ class LayerScan:
     layers: tuple[Layer, ...]
     refused: tuple[Refusal, ...]
 
+    @property
+    def macs(self) -> Optional[int]:
+        """The eligible layers' MACs per sample in all; None when one is unknown or there is none."""
+        macs = [l.macs for l in self.layers]
+        return sum(macs) if macs and None not in macs else None
+
 
 _EXTERNAL_BASE: list = []  # (folder, check values) of the models whose external data is read on demand
 
